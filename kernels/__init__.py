@@ -1,0 +1,1 @@
+"""Triton kernels (and their plain-torch references) imported as sglang_amd_moe.kernels."""

@@ -1,0 +1,225 @@
+"""Build environments that hold one real SGLang release each, sharing one torch.
+
+SGLang's full dependency set (CUDA kernels, flashinfer, ...) cannot be installed on
+a CPU-only machine, and is not needed: the plugin only touches
+``sglang.srt.layers.moe.topk`` and ``sglang.srt.plugins``. So a release is installed
+with ``--no-deps`` and then only the packages its import needs (``IMPORT_CLOSURE``),
+each pinned as the release's own wheel metadata pins it (``Requires-Dist``), so every
+release is tested against the versions it declares.
+
+Layouts:
+
+* ``--into VENV``: install the release (and its pinned closure) into an existing
+  virtual environment (the main ``.venv``, which also holds torch and this package).
+* ``--dest DIR --shared VENV``: make a new virtual environment ``DIR`` whose
+  ``site-packages`` ends with the shared venv's (a ``.pth`` line calling
+  ``site.addsitedir``, so the shared venv's own ``.pth`` files, such as this
+  package's editable finder, run too). Packages installed in ``DIR`` shadow the
+  shared ones; torch, triton and this package come from the shared venv.
+
+``--patch FILE`` applies a unified diff to the installed release afterwards (used to
+rebuild the never-released ``mask-under-eplb-guard`` form from 0.5.14).
+
+Every step is logged; any failure exits non-zero with the reason. The import of
+``sglang.srt.layers.moe.topk`` is checked at the end in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+# What importing sglang.srt.layers.moe.topk (and sglang.srt.plugins) needs, across
+# the releases we test, beyond torch/torchvision/triton (shared). Names as on the
+# registry; each gets the release's own pin when its metadata declares one.
+IMPORT_CLOSURE = [
+    "aiohttp",
+    "apache-tvm-ffi",
+    "compressed-tensors",
+    "dill",
+    "einops",
+    "gguf",
+    "httpcore",
+    "httpx",
+    "IPython",
+    "msgspec",
+    "openai",
+    "orjson",
+    "partial_json_parser",
+    "pillow",
+    "psutil",
+    "pybase64",
+    "pydantic",
+    "pyzmq",
+    "requests",
+    "sentencepiece",
+    "sniffio",
+    "starlette",
+    "tqdm",
+    "transformers",
+    "tokenizers",
+]
+# Installed in the shared venv once; never re-pinned per release (one torch for all).
+SHARED = {"torch", "torchvision", "torchaudio", "triton"}
+
+REPO = Path(__file__).resolve().parents[2]
+WHEEL_CACHE = REPO / ".cache" / "wheels"
+
+
+def log(msg: str) -> None:
+    print(f"[build_env] {msg}", flush=True)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def run(cmd: list[str], **kw) -> None:
+    log("$ " + " ".join(cmd))
+    subprocess.run(cmd, check=True, **kw)
+
+
+def fetch_wheel(pip: list[str], version: str) -> Path:
+    """Download (or reuse) the sglang wheel of ``version`` into the cache."""
+    WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
+    pattern = f"sglang-{version}-*.whl"
+    found = sorted(WHEEL_CACHE.glob(pattern))
+    if not found:
+        run([*pip, "download", "-q", "--no-deps", f"sglang=={version}", "-d", str(WHEEL_CACHE)])
+        found = sorted(WHEEL_CACHE.glob(pattern))
+    if not found:
+        raise SystemExit(f"no wheel for sglang=={version} after download")
+    return found[0]
+
+
+def release_pins(wheel: Path) -> dict[str, str]:
+    """Map normalized name -> requirement string, from the wheel's Requires-Dist.
+
+    Only unconditional requirements and those whose marker holds on Linux x86_64
+    without extras are kept; the marker is evaluated with ``packaging``.
+    """
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta_name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = zf.read(meta_name).decode()
+    pins: dict[str, str] = {}
+    for line in meta.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        pins[_norm(req.name)] = str(req).split(";")[0].strip()
+    return pins
+
+
+def closure_requirements(pins: dict[str, str]) -> list[str]:
+    reqs = []
+    for name in IMPORT_CLOSURE:
+        req = pins.get(_norm(name), name)
+        # Extras of a pin (e.g. flashinfer[cu13]) are irrelevant to the closure.
+        reqs.append(re.sub(r"\[[^\]]*\]", "", req))
+    return reqs
+
+
+def site_packages(venv: Path) -> Path:
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def make_layered_venv(dest: Path, shared: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    run([sys.executable, "-m", "venv", "--without-pip", str(dest)])
+    shared_sp = site_packages(shared)
+    own_sp = site_packages(dest)
+    # Appended after the venv's own site-packages: its packages win, the shared
+    # venv supplies the rest (and runs its .pth files: editable installs).
+    (own_sp / "zz_shared_venv.pth").write_text(f"import site; site.addsitedir({str(shared_sp)!r})\n")
+
+
+def apply_patch(venv: Path, patch_file: Path) -> None:
+    sp = site_packages(venv)
+    # Patches are written against the upstream repository layout (python/sglang/...);
+    # inside an installed release the package sits at site-packages/sglang.
+    text = patch_file.read_text()
+    strip = 2 if "a/python/sglang/" in text else 1
+    run(["patch", f"-p{strip}", "--forward", "--batch", "-d", str(sp), "-i", str(patch_file.resolve())])
+
+
+def check_import(python: Path) -> dict:
+    code = (
+        "import json, time, importlib.metadata as md; t=time.time();"
+        "import sglang.srt.layers.moe.topk as t_;"
+        "print(json.dumps({'sglang': md.version('sglang'), 'file': t_.__file__,"
+        " 'import_s': round(time.time()-t, 1)}))"
+    )
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.stderr.write(out.stderr[-4000:])
+        raise SystemExit(f"importing sglang.srt.layers.moe.topk failed with {python}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def build(version: str, *, into: Path | None, dest: Path | None, shared: Path | None,
+          patch: Path | None, label: str | None) -> Path:
+    t0 = time.time()
+    if into is not None:
+        venv = into
+    else:
+        if dest is None or shared is None:
+            raise SystemExit("--dest needs --shared")
+        make_layered_venv(dest, shared)
+        venv = dest
+    # pip of the shared/main venv, pointed at the target interpreter's environment.
+    py = venv / "bin" / "python"
+    pip_host = (shared or into) / "bin" / "python"
+    pip = [str(pip_host), "-m", "pip", "--python", str(py)] if into is None else [str(py), "-m", "pip"]
+    wheel = fetch_wheel([str(pip_host), "-m", "pip"], version)
+    pins = release_pins(wheel)
+    reqs = closure_requirements(pins)
+    log(f"sglang {version}: closure pinned as {reqs}")
+    run([*pip, "install", "-q", "--no-deps", str(wheel)])
+    run([*pip, "install", "-q", *reqs])
+    if patch is not None:
+        apply_patch(venv, patch)
+    info = check_import(py)
+    info.update({"label": label or version, "release": version, "patch": str(patch) if patch else None,
+                 "build_s": round(time.time() - t0, 1)})
+    (venv / "sglang_release.json").write_text(json.dumps(info, indent=2) + "\n")
+    log(f"ready: {info}")
+    return venv
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--version", required=True, help="SGLang release, e.g. 0.5.13.post1")
+    ap.add_argument("--into", type=Path, help="existing venv to install into")
+    ap.add_argument("--dest", type=Path, help="new layered venv to create")
+    ap.add_argument("--shared", type=Path, help="venv that supplies torch and this package")
+    ap.add_argument("--patch", type=Path, help="unified diff to apply after installing")
+    ap.add_argument("--label", help="name recorded in sglang_release.json")
+    a = ap.parse_args(argv)
+    if (a.into is None) == (a.dest is None):
+        ap.error("give exactly one of --into or --dest")
+    os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    build(a.version, into=a.into, dest=a.dest, shared=a.shared, patch=a.patch, label=a.label)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
