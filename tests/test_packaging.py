@@ -1,0 +1,55 @@
+"""The built wheel carries the kernels and patches inside the package, and nothing else
+at the top level (a top-level ``kernels`` would clash with the unrelated registry
+package of that name that SGLang depends on)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _built_wheel(tmp_path: Path) -> Path:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
+        check=True,
+    )
+    wheels = list(tmp_path.glob("sglang_amd_moe-*.whl"))
+    if len(wheels) != 1:
+        raise AssertionError(f"expected one wheel, got {wheels}")
+    return wheels[0]
+
+
+def test_wheel_layout(tmp_path: Path) -> None:
+    wheel = zipfile.ZipFile(_built_wheel(tmp_path))
+    names = wheel.namelist()
+    top_levels = {n.split("/", 1)[0] for n in names}
+    assert {t for t in top_levels if not t.endswith(".dist-info")} == {"sglang_amd_moe"}
+
+    kernel_sources = sorted(p.name for p in (REPO / "kernels").glob("*.py"))
+    for name in kernel_sources:
+        assert f"sglang_amd_moe/kernels/{name}" in names
+    diffs = sorted(p.name for p in (REPO / "patches").glob("*.diff"))
+    for name in diffs:
+        assert f"sglang_amd_moe/patches/{name}" in names
+
+    entry_points = wheel.read(
+        next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    ).decode()
+    assert "[sglang.srt.plugins]" in entry_points
+    assert "sglang_amd_moe = sglang_amd_moe.plugin:register" in entry_points
+    assert "[vllm.general_plugins]" in entry_points
+
+
+def test_editable_install_maps_kernels_and_patches() -> None:
+    import importlib.resources
+
+    import sglang_amd_moe.kernels
+    import sglang_amd_moe.patches
+
+    assert Path(sglang_amd_moe.kernels.__file__).resolve().parent == REPO / "kernels"
+    shipped = {p.name for p in importlib.resources.files("sglang_amd_moe.patches").iterdir()}
+    assert {p.name for p in (REPO / "patches").glob("*.diff")} <= shipped
