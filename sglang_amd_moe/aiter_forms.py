@@ -1,0 +1,361 @@
+"""Classify aiter's MXFP4 aux sort path by the shape of ``aiter/fused_moe.py``.
+
+aiter's a4w4 (MXFP4) "inline-sort" MoE path sorts with the fused aux kernel
+``aiter.mxfp4_moe_sort`` through ``_moe_sorting_impl`` -> ``_adaptive_moe_sort``. Whether
+that path honours ``num_local_tokens`` (the real row count of a padded CUDA-graph batch,
+BRIEF section 2) differs between aiter trees, and aiter cannot even be imported without
+ROCm, so the plugin and the audit decide from the source text (its AST), never from a
+version string. The form names are a public interface (the audit prints them):
+
+``count-dropped``
+    ``_moe_sorting_impl`` sends ``output_aux`` calls (sort backend not excluded by
+    ``AITER_MOE_SORT_BACKEND``) to ``_adaptive_moe_sort`` without the count, so padded
+    rows' ids are sorted as experts (aiter main as read in Aug 2026).
+``count-rejected``
+    ``_mxfp4_inline_sort_unsupported`` exists and rejects calls because they carry
+    ``num_local_tokens``, so tuned inline-sort configs are discarded whenever a caller
+    passes a count (the later aiter of seed 003, before its PR 7083).
+``count-honored``
+    the adaptive path passes the count on to ``mxfp4_moe_sort`` (seed 003's fix).
+``absent``
+    no MXFP4 aux sort in this aiter (older releases: no ``mxfp4_moe_sort`` referenced).
+``unknown``
+    anything else, including a recognised path whose details the hook does not know how
+    to wrap exactly: the plugin leaves it alone and warns.
+
+Besides the form, :func:`analyze_source` reports what the hook needs to wrap exactly
+(which backends the adaptive branch excludes, which callers drop the count before it
+reaches the sort, the parameter lists it relies on). Only the standard library is used:
+the audit runs this on a file's text without importing aiter or torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass, field
+
+FORMS: tuple[str, ...] = ("count-dropped", "count-rejected", "count-honored", "absent", "unknown")
+
+#: Form -> the one-line action the plugin takes for it (printed by the audit too).
+ACTIONS: dict[str, str] = {
+    "count-dropped": (
+        "hooked: adaptive-branch calls of _moe_sorting_impl that carry num_local_tokens go to "
+        "sglang_amd_moe.kernels.adaptive_moe_sort with the count; all other calls unchanged"
+    ),
+    "count-rejected": (
+        "hooked: _mxfp4_inline_sort_unsupported stops rejecting calls only for carrying "
+        "num_local_tokens, and the sort they reach honours the count (this package's kernel)"
+    ),
+    "count-honored": "not hooked: aiter's MXFP4 aux sort already honours num_local_tokens",
+    "absent": "not hooked: this aiter has no MXFP4 aux sort",
+    "unknown": "not hooked: unrecognised MXFP4 aux sort path (WARNING with the source hash)",
+}
+
+SORT_IMPL = "_moe_sorting_impl"
+ADAPTIVE = "_adaptive_moe_sort"
+INLINE_UNSUPPORTED = "_mxfp4_inline_sort_unsupported"
+AUX_KERNEL = "mxfp4_moe_sort"
+COUNT = "num_local_tokens"
+PUBLIC_SORT = "moe_sorting"
+
+#: Parameters of ``_moe_sorting_impl`` the hook reads by name (the rest pass through).
+IMPL_PARAMS_READ: tuple[str, ...] = (
+    "topk_ids",
+    "topk_weights",
+    "num_experts",
+    "model_dim",
+    "moebuf_dtype",
+    "block_size",
+    "num_local_tokens",
+    "accumulate",
+    "output_aux",
+)
+#: ``_adaptive_moe_sort``'s signature as the hook replaces it: positional, then keyword-only.
+ADAPTIVE_POSITIONAL: tuple[str, ...] = (
+    "topk_ids",
+    "topk_weights",
+    "num_experts",
+    "topk",
+    "block_size",
+    "model_dim",
+)
+ADAPTIVE_KWONLY: tuple[str, ...] = ("atomic", "emit_aux", "moebuf_dtype")
+# How _moe_sorting_impl calls _adaptive_moe_sort in the known trees: positional argument
+# names, then keyword -> the value expression (as source) it passes.
+_ADAPTIVE_CALL_POSITIONAL = ADAPTIVE_POSITIONAL
+_ADAPTIVE_CALL_KEYWORDS = {"atomic": "accumulate", "emit_aux": "True", "moebuf_dtype": "moebuf_dtype"}
+# Position of num_local_tokens among moe_sorting's positional parameters (upstream order:
+# topk_ids, topk_weights, num_experts, model_dim, moebuf_dtype, block_size, expert_mask,
+# num_local_tokens, ...); used to tell whether a caller passes the count positionally.
+_MOE_SORTING_COUNT_INDEX = 7
+
+
+@dataclass(frozen=True)
+class FormReport:
+    """What the classifier read off ``aiter/fused_moe.py`` (details for the hook/audit)."""
+
+    form: str
+    #: Why this form (one line; shown by the audit and in warnings).
+    reason: str
+    #: sha256 of the relevant function segments joined in file order ("" when none).
+    source_sha256: str = ""
+    #: Parameters of ``_moe_sorting_impl`` in order (empty when absent).
+    impl_params: tuple[str, ...] = field(default_factory=tuple)
+    #: Name of the module-level backend variable in the adaptive branch's condition.
+    backend_var: str = ""
+    #: Backends (lower-case) that the adaptive branch excludes, e.g. ("opus", "ck").
+    excluded_backends: tuple[str, ...] = field(default_factory=tuple)
+    #: ``_adaptive_moe_sort`` is called with the count (positionally or by keyword).
+    impl_passes_count: bool = False
+    #: ``_adaptive_moe_sort`` passes the count on to ``mxfp4_moe_sort``.
+    adaptive_passes_count: bool = False
+    #: Functions that call ``moe_sorting(..., output_aux=True)`` without the count even
+    #: though they have one (aiter main's ``fused_moe_`` does): the hook threads it.
+    count_dropping_callers: tuple[str, ...] = field(default_factory=tuple)
+    #: Parameters of ``_mxfp4_inline_sort_unsupported`` (empty when absent).
+    unsupported_params: tuple[str, ...] = field(default_factory=tuple)
+    #: ``_mxfp4_inline_sort_unsupported`` rejects calls because they carry a count.
+    rejects_count: bool = False
+
+
+def classify_source(source: str) -> str:
+    """Return the form name of the MXFP4 aux sort path in ``source`` (text of fused_moe.py)."""
+    return analyze_source(source).form
+
+
+def analyze_source(source: str) -> FormReport:
+    """Classify ``source`` (text of ``aiter/fused_moe.py``) and say why."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return FormReport("unknown", f"fused_moe.py does not parse: {exc.msg} (line {exc.lineno})")
+    funcs: dict[str, ast.FunctionDef] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name not in funcs:
+            funcs[node.name] = node
+    relevant = [funcs[n] for n in (SORT_IMPL, ADAPTIVE, INLINE_UNSUPPORTED) if n in funcs]
+    relevant.sort(key=lambda f: f.lineno)
+    sha = (
+        hashlib.sha256(
+            "\n".join(ast.get_source_segment(source, f) or "" for f in relevant).encode()
+        ).hexdigest()
+        if relevant
+        else ""
+    )
+    impl = funcs.get(SORT_IMPL)
+    adaptive = funcs.get(ADAPTIVE)
+    unsupported = funcs.get(INLINE_UNSUPPORTED)
+    mentions_aux = any(_call_name(n) == AUX_KERNEL for n in ast.walk(tree) if isinstance(n, ast.Call))
+    if adaptive is None and not mentions_aux:
+        if unsupported is not None:
+            return FormReport(
+                "unknown", f"{INLINE_UNSUPPORTED} exists but no MXFP4 aux sort", source_sha256=sha
+            )
+        return FormReport("absent", f"no {ADAPTIVE} and no call to {AUX_KERNEL}", source_sha256=sha)
+    if impl is None or adaptive is None:
+        missing = SORT_IMPL if impl is None else ADAPTIVE
+        return FormReport("unknown", f"{AUX_KERNEL} is called but {missing} is missing", source_sha256=sha)
+
+    impl_params = _params(impl)
+    common: dict = {"source_sha256": sha, "impl_params": impl_params}
+    missing_params = [p for p in IMPL_PARAMS_READ if p not in impl_params]
+    if missing_params or impl.args.vararg or impl.args.kwarg:
+        return FormReport(
+            "unknown", f"{SORT_IMPL} parameters differ from the known ones ({missing_params})", **common
+        )
+
+    adaptive_ok, why = _adaptive_signature_ok(adaptive)
+    if not adaptive_ok:
+        return FormReport("unknown", why, **common)
+    adaptive_passes = _adaptive_passes_count(adaptive)
+
+    branch = _adaptive_branch(impl)
+    if branch is None:
+        return FormReport(
+            "unknown",
+            f"{SORT_IMPL} has no recognisable `if output_aux and BACKEND not in (...): "
+            f"return {ADAPTIVE}(...)` branch",
+            **common,
+        )
+    backend_var, excluded, call = branch
+    common.update(backend_var=backend_var, excluded_backends=excluded, adaptive_passes_count=adaptive_passes)
+    call_ok, impl_passes, why = _adaptive_call_shape(call)
+    common["impl_passes_count"] = impl_passes
+    if not call_ok:
+        return FormReport("unknown", why, **common)
+    common["count_dropping_callers"] = _count_dropping_callers(tree)
+
+    if unsupported is not None:
+        rejects, why = _rejects_count(unsupported)
+        common.update(unsupported_params=_params(unsupported), rejects_count=rejects)
+        if rejects:
+            return FormReport(
+                "count-rejected", f"{INLINE_UNSUPPORTED} rejects calls that carry {COUNT}", **common
+            )
+        if why:
+            return FormReport("unknown", why, **common)
+    if impl_passes and adaptive_passes:
+        return FormReport("count-honored", f"{SORT_IMPL} -> {ADAPTIVE} -> {AUX_KERNEL} pass {COUNT}", **common)
+    if impl_passes != adaptive_passes:
+        where = ADAPTIVE if impl_passes else SORT_IMPL
+        return FormReport("unknown", f"{COUNT} is threaded only part way (not by {where})", **common)
+    return FormReport(
+        "count-dropped",
+        f"{SORT_IMPL} calls {ADAPTIVE} for output_aux without {COUNT}",
+        **common,
+    )
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def _params(func: ast.FunctionDef) -> tuple[str, ...]:
+    a = func.args
+    return tuple(x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs])
+
+
+def _call_name(call: ast.Call) -> str:
+    f = call.func
+    if isinstance(f, ast.Name):
+        return f.id
+    if isinstance(f, ast.Attribute):
+        return f.attr
+    return ""
+
+
+def _passes(call: ast.Call, name: str, index: int | None = None) -> bool:
+    """Does ``call`` pass the variable ``name`` (by keyword, or positionally at ``index``)?"""
+    if any(kw.arg == name for kw in call.keywords):
+        return True
+    if index is not None and len(call.args) > index:
+        return True
+    return any(isinstance(a, ast.Name) and a.id == name for a in call.args)
+
+
+def _adaptive_signature_ok(func: ast.FunctionDef) -> tuple[bool, str]:
+    a = func.args
+    positional = tuple(x.arg for x in [*a.posonlyargs, *a.args])
+    kwonly = tuple(x.arg for x in a.kwonlyargs)
+    if positional != ADAPTIVE_POSITIONAL:
+        return False, f"{ADAPTIVE} positional parameters {positional} differ from {ADAPTIVE_POSITIONAL}"
+    extra = [k for k in kwonly if k not in (*ADAPTIVE_KWONLY, COUNT)]
+    if [k for k in kwonly if k != COUNT] != list(ADAPTIVE_KWONLY) or extra or a.vararg or a.kwarg:
+        return False, f"{ADAPTIVE} keyword-only parameters {kwonly} differ from {ADAPTIVE_KWONLY}"
+    return True, ""
+
+
+def _adaptive_passes_count(func: ast.FunctionDef) -> bool:
+    for node in ast.walk(func):
+        if isinstance(node, ast.Call) and _call_name(node) == AUX_KERNEL:
+            if _passes(node, COUNT):
+                return True
+    return False
+
+
+def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, tuple[str, ...], ast.Call] | None:
+    """Find ``if output_aux and VAR not in ("opus", "ck"): return _adaptive_moe_sort(...)``."""
+    for node in ast.walk(impl):
+        if not isinstance(node, ast.If):
+            continue
+        test = node.test
+        if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and len(test.values) == 2):
+            continue
+        first, second = test.values
+        if not (isinstance(first, ast.Name) and first.id == "output_aux"):
+            continue
+        if not (
+            isinstance(second, ast.Compare)
+            and isinstance(second.left, ast.Name)
+            and len(second.ops) == 1
+            and isinstance(second.ops[0], ast.NotIn)
+            and isinstance(second.comparators[0], ast.Tuple | ast.List | ast.Set)
+        ):
+            continue
+        consts = second.comparators[0].elts
+        if not all(isinstance(c, ast.Constant) and isinstance(c.value, str) for c in consts):
+            continue
+        if not node.body or not isinstance(node.body[-1], ast.Return):
+            continue
+        ret = node.body[-1].value
+        if not (isinstance(ret, ast.Call) and _call_name(ret) == ADAPTIVE):
+            continue
+        if len(node.body) != 1:
+            # Extra statements before the return would run upstream but not in the hook.
+            return None
+        excluded = tuple(str(c.value).lower() for c in consts)  # type: ignore[union-attr]
+        return second.left.id, excluded, ret
+    return None
+
+
+def _adaptive_call_shape(call: ast.Call) -> tuple[bool, bool, str]:
+    """Check the adaptive call's arguments: (matches the known shape, passes count, why not)."""
+    names = [a.id if isinstance(a, ast.Name) else None for a in call.args]
+    if tuple(names) != _ADAPTIVE_CALL_POSITIONAL:
+        return False, False, f"{ADAPTIVE} is called with positional arguments {names}"
+    passes = False
+    seen: dict[str, str] = {}
+    for kw in call.keywords:
+        if kw.arg is None:
+            return False, False, f"{ADAPTIVE} is called with **kwargs"
+        if kw.arg == COUNT:
+            passes = True
+            continue
+        seen[kw.arg] = ast.unparse(kw.value)
+    if seen != _ADAPTIVE_CALL_KEYWORDS:
+        return False, passes, f"{ADAPTIVE} is called with keywords {seen}, expected {_ADAPTIVE_CALL_KEYWORDS}"
+    return True, passes, ""
+
+
+def _count_dropping_callers(tree: ast.Module) -> tuple[str, ...]:
+    """Top-level functions that have a ``num_local_tokens`` parameter but call
+    ``moe_sorting(..., output_aux=True)`` without passing it (aiter main's ``fused_moe_``)."""
+    out: list[str] = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or COUNT not in _params(node):
+            continue
+        for sub in ast.walk(node):
+            if not (isinstance(sub, ast.Call) and _call_name(sub) == PUBLIC_SORT):
+                continue
+            aux = any(
+                kw.arg == "output_aux" and isinstance(kw.value, ast.Constant) and kw.value.value is True
+                for kw in sub.keywords
+            )
+            if aux and not _passes(sub, COUNT, _MOE_SORTING_COUNT_INDEX):
+                out.append(node.name)
+                break
+    return tuple(out)
+
+
+def _rejects_count(func: ast.FunctionDef) -> tuple[bool, str]:
+    """Does ``_mxfp4_inline_sort_unsupported`` return a reason because of the count?
+
+    The hook re-asks it with the count cleared, so it must take ``num_local_tokens`` as a
+    parameter and report "unsupported" by returning a reason (a string) or a true value,
+    and "supported" by returning None/False/"". Returns (rejects, why-unknown).
+    """
+    if COUNT not in _params(func):
+        mentions = any(
+            (isinstance(n, ast.Name) and n.id == COUNT) or (isinstance(n, ast.Attribute) and n.attr == COUNT)
+            for n in ast.walk(func)
+        )
+        if mentions:
+            return False, f"{INLINE_UNSUPPORTED} reads {COUNT} but not as a parameter"
+        return False, ""
+    for node in ast.walk(func):
+        if not isinstance(node, ast.If):
+            continue
+        if not any(isinstance(n, ast.Name) and n.id == COUNT for n in ast.walk(node.test)):
+            continue
+        for stmt in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+            if isinstance(stmt, ast.Return) and _is_reason(stmt.value):
+                return True, ""
+    return False, ""
+
+
+def _is_reason(value: ast.expr | None) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, ast.Constant):
+        return bool(value.value) and isinstance(value.value, str | bool)
+    return isinstance(value, ast.JoinedStr | ast.BinOp)
