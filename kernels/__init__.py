@@ -1,1 +1,5 @@
 """Triton kernels (and their plain-torch references) imported as sglang_amd_moe.kernels."""
+
+from .reference import mask_padded_rows_reference_, mxfp4_moe_sort_reference
+
+__all__ = ["mask_padded_rows_reference_", "mxfp4_moe_sort_reference"]

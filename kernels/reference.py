@@ -1,0 +1,119 @@
+"""Plain-torch references for the Triton kernels: slow, simple, obviously right.
+
+They define what the kernels must write; the CPU tests compare the kernels with them
+bit for bit, and :func:`sglang_amd_moe.kernels.mask_padded_rows_` falls back to the
+mask reference on the CPU when the Triton interpreter is off. They read the device
+count with ``.item()`` (a host sync) and use Python loops: never use them on a hot
+path or inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._validate import check_mask_args, check_sort_args
+
+
+def mask_padded_rows_reference_(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_token_non_padded: torch.Tensor | None,
+    fill_value: int = 0,
+) -> None:
+    """Rows ``r >= n`` get ``topk_ids[r, :] = fill_value`` and ``topk_weights[r, :] = 0``.
+
+    ``n`` is ``num_token_non_padded`` clamped to ``[0, rows]``; ``None`` means no padding.
+    """
+    count = check_mask_args(topk_ids, topk_weights, num_token_non_padded, fill_value)
+    if count is None:
+        return
+    rows = topk_ids.shape[0]
+    n = min(max(int(count.item()), 0), rows)
+    topk_ids[n:] = fill_value
+    topk_weights[n:] = 0
+
+
+def mxfp4_moe_sort_reference(
+    topk_ids: torch.Tensor,
+    topk_weight: torch.Tensor,
+    sorted_token_ids: torch.Tensor,
+    sorted_expert_ids: torch.Tensor,
+    cumsum_tensor: torch.Tensor,
+    reverse_sorted: torch.Tensor,
+    sorted_weights: torch.Tensor,
+    m_indices: torch.Tensor,
+    bf16_zero_out: torch.Tensor,
+    bf16_zero_workspace: torch.Tensor,
+    M_logical: int,
+    NE: int,
+    TOPK: int,
+    D_HIDDEN: int,
+    D_INTER: int,
+    MB: int,
+    prologue: int,
+    num_local_tokens: torch.Tensor | None = None,
+) -> None:
+    """The output contract of ``aiter.mxfp4_moe_sort``, with ``num_local_tokens`` honored.
+
+    With ``n`` real rows (the count clamped to ``[0, M]``, or ``M`` without one), pair
+    ``i < n * TOPK`` is token ``t = i // TOPK``, slot ``s = i % TOPK``, expert
+    ``e = topk_ids[t, s]``. Experts are laid out in order, each padded to a multiple of
+    ``MB`` slots; within an expert, pairs come in ascending pair index (the HIP kernel
+    uses atomics there, so its order is arbitrary). Pairs whose id is outside
+    ``[0, NE)`` are dropped (``reverse_sorted = -1``), as are all pairs of padded rows.
+    ``prologue`` selects the HIP kernel's strategy only; the outputs are the same.
+    Slots past ``cumsum_tensor[0]`` are left untouched.
+    """
+    m, ne, k, mb, count = check_sort_args(
+        topk_ids, topk_weight, sorted_token_ids, sorted_expert_ids, cumsum_tensor,
+        reverse_sorted, sorted_weights, m_indices, bf16_zero_out, bf16_zero_workspace,
+        M_logical, NE, TOPK, D_HIDDEN, D_INTER, MB, prologue, num_local_tokens,
+    )  # fmt: skip
+    n = m if count is None else min(max(int(count.item()), 0), m)
+    ids = topk_ids[:m].tolist()
+
+    # pairs_of[e]: pair indices routed to expert e, ascending.
+    pairs_of: list[list[int]] = [[] for _ in range(ne)]
+    for i in range(n * k):
+        e = ids[i // k][i % k]
+        if 0 <= e < ne:
+            pairs_of[e].append(i)
+
+    token_ids: list[int] = []  # sorted_token_ids[0:total]
+    rows: list[int] = []  # m_indices[0:total]
+    weight_src: list[tuple[int, int] | None] = []  # (t, s) to copy the weight from, or None
+    block_experts: list[int] = []  # sorted_expert_ids[0:total // MB]
+    reverse = [-1] * (m * k)
+    for e in range(ne):
+        for i in pairs_of[e]:
+            t, s = divmod(i, k)
+            reverse[i] = len(token_ids)
+            token_ids.append(t | (s << 24))
+            rows.append(t)
+            weight_src.append((t, s))
+        while len(token_ids) % mb:  # gap slots: row M is past the activations
+            token_ids.append(m)
+            rows.append(m)
+            weight_src.append(None)
+        block_experts += [e] * (len(token_ids) // mb - len(block_experts))
+    total = len(token_ids)
+
+    dev = sorted_token_ids.device
+    sorted_token_ids[:total] = torch.tensor(token_ids, dtype=torch.int32, device=dev)
+    m_indices[:total] = torch.tensor(rows, dtype=torch.int32, device=dev)
+    sorted_expert_ids[: len(block_experts)] = torch.tensor(
+        block_experts, dtype=torch.int32, device=dev
+    )
+    weights = torch.zeros(total, dtype=torch.float32, device=dev)
+    real = [j for j, src in enumerate(weight_src) if src is not None]
+    if real:
+        ts = torch.tensor([weight_src[j] for j in real], dtype=torch.long, device=dev)
+        weights[real] = topk_weight[ts[:, 0], ts[:, 1]].to(torch.float32)
+    sorted_weights[:total] = weights
+    reverse_sorted[: m * k] = torch.tensor(reverse, dtype=torch.int32, device=dev)
+    cumsum_tensor[0] = total
+    cumsum_tensor[1] = n
+    if bf16_zero_out.numel() > 0:
+        bf16_zero_out.zero_()
+    if bf16_zero_workspace.numel() > 0:
+        bf16_zero_workspace.zero_()
