@@ -14,7 +14,7 @@ SGLANG_MAIN := 0.5.23
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 COMPAT := .compat
 
-.PHONY: venv demo test test-gpu compat bench lint clean compat-envs
+.PHONY: venv demo test test-gpu compat bench lint clean gpu-wheels
 
 $(VENV)/.ready: pyproject.toml tests/compat/build_env.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,15 +39,37 @@ test: venv
 	$(PY) -m pytest -q
 	$(VENV)/bin/ruff check .
 
-test-gpu: venv
-	$(PY) -m pytest -q tests/gpu
+# On a GPU machine with this package installed (benchmarks/device.sh does it there).
+test-gpu:
+	bash benchmarks/device.sh tests
 
 compat: venv
 	$(PY) tests/compat/releases.py build-all
 	$(PY) tests/compat/releases.py matrix --out docs/compat.md
 
-bench: venv
-	$(PY) benchmarks/run.py
+bench:
+	bash benchmarks/device.sh bench
+
+# The GPU machine has no registry: carry wheels for Python 3.12 (its interpreter). SGLang
+# 0.5.13.post1 pins torch 2.11, the device's torch; the closure lists what its import needs
+# beyond what the device image already has (benchmarks/device.sh installs them).
+GPU_SGLANG := sglang==0.5.13.post1
+GPU_CLOSURE := annotated_types==0.8.0 apache_tvm_ffi==0.1.9 asttokens==3.0.2 compressed_tensors==0.20.1 \
+	dill==0.4.1 distro==1.9.0 executing==2.3.0 gguf==0.19.0 ipython==9.18.1 ipython_pygments_lexers==1.1.1 \
+	jedi==0.20.1 jiter==0.19.0 loguru==0.7.3 matplotlib_inline==0.2.2 msgspec==0.23.0 openai==2.6.1 \
+	orjson==3.13.0 parso==0.8.7 partial_json_parser==0.2.1.1.post7 pexpect==4.9.0 prompt_toolkit==3.0.53 \
+	ptyprocess==0.7.0 pure_eval==0.2.4 pybase64==1.5.1 pydantic==2.14.4 pydantic_core==2.50.5 pyzmq==27.3.0 \
+	sniffio==1.3.1 stack_data==0.6.3 starlette==1.10.0 traitlets==5.16.1 typing_inspection==0.4.5 wcwidth==0.9.4
+GPU_PLATFORMS := --python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64 \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
+	--platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	--platform manylinux2010_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64
+
+gpu-wheels: venv
+	rm -f .whl/sglang_amd_moe-*.whl
+	$(PIP) wheel -q --no-deps -w .whl .
+	$(PY) benchmarks/extract_peers.py
+	$(PIP) download -q --no-deps --only-binary=:all: $(GPU_PLATFORMS) -d .whl $(GPU_SGLANG) $(GPU_CLOSURE)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,246 @@
+"""Benchmark the two kernels side by side with their peers, on a CUDA/HIP GPU.
+
+Per call, in CUDA-graph replay and eagerly, on the same inputs:
+
+* mask: ``ours`` (``mask_padded_rows_``, one launch for ids and weights) vs
+  ``sgl_fill_x2`` (SGLang 0.5.23's ``_fill_padded_rows`` called for ids, then weights) vs
+  ``eager_index_put`` (older SGLang: ``arange`` + ``>=`` + boolean ``index_put_`` on each
+  tensor).
+* sort: ``ours`` (``mxfp4_moe_sort`` without a count) and ``ours_count`` (with one) vs
+  ``sgl_triton_align`` (SGLang's ``moe_align_block_size_triton``, four launches) vs
+  ``torch_argsort`` (a graph-capturable sort built from torch ops, ``benchmarks/peers_torch.py``).
+
+Peers' sources come from ``benchmarks/_peers/`` (``extract_peers.py``; never committed).
+Output: one JSON document (device, versions, date, flat ``results`` records
+``{kernel, impl, M, topk, num_experts, block, padded, mode, us}``) to ``--out``.
+
+Timing: graph mode captures ``GRAPH_CALLS`` back-to-back calls in one CUDA graph, replays
+it ``REPLAYS`` times between CUDA events and reports the median per call; eager mode
+times ``EAGER_CALLS`` back-to-back calls between events, ``EAGER_REPEATS`` times, median
+per call. Inputs stay resident (decode-sized tensors live in L2 in a real server too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from peers_torch import torch_argsort_sort  # noqa: E402
+from sglang_amd_moe.kernels import mask_padded_rows_, mxfp4_moe_sort  # noqa: E402
+
+GRAPH_CALLS = 20
+REPLAYS = 30
+EAGER_CALLS = 50
+EAGER_REPEATS = 5
+
+MASK_M = [1, 8, 64, 256, 1024, 4096, 16384]
+MASK_TOPK = [8, 11]
+SORT_SHAPES = [(257, 9), (513, 11), (896, 16)]
+SORT_BLOCKS = [16, 32]
+SORT_M = [1, 4, 16, 64, 256, 512, 4096, 16384]
+
+
+def _load_peer(name: str):
+    path = HERE / "_peers" / f"{name}.py"
+    if not path.exists():
+        raise SystemExit(f"{path} missing: run `python benchmarks/extract_peers.py` first")
+    spec = importlib.util.spec_from_file_location(f"_peer_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def time_graph(fn: Callable[[], None]) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(REPLAYS):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / GRAPH_CALLS)
+    del graph
+    return statistics.median(samples)
+
+
+def time_eager(fn: Callable[[], None]) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(EAGER_REPEATS):
+        start.record()
+        for _ in range(EAGER_CALLS):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / EAGER_CALLS)
+    return statistics.median(samples)
+
+
+def mask_impls(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, fill_mod) -> dict[str, Callable[[], None]]:
+    def ours():
+        mask_padded_rows_(ids, w, count, 0)
+
+    def sgl_fill_x2():
+        fill_mod._fill_padded_rows(ids, count, 0)
+        fill_mod._fill_padded_rows(w, count, 0.0)
+
+    def eager_index_put():
+        # Older SGLang's _mask_topk_ids_padded_region / _zero_topk_weights_padded_region.
+        idx = torch.arange(0, ids.shape[0], device=ids.device)
+        ids[idx >= count, :] = 0
+        idx = torch.arange(0, w.shape[0], device=w.device)
+        w[idx >= count, :] = 0.0
+
+    return {"ours": ours, "sgl_fill_x2": sgl_fill_x2, "eager_index_put": eager_index_put}
+
+
+def bench_mask(results: list[dict], fill_mod) -> None:
+    dev = "cuda"
+    for topk in MASK_TOPK:
+        for M in MASK_M:
+            ids = torch.randint(0, 256, (M, topk), dtype=torch.int32, device=dev)
+            w = torch.rand(M, topk, dtype=torch.float32, device=dev)
+            count = torch.tensor([M // 2], dtype=torch.int32, device=dev)
+            for impl, fn in mask_impls(ids, w, count, fill_mod).items():
+                for mode, timer in (("graph", time_graph), ("eager", time_eager)):
+                    results.append(dict(kernel="mask", impl=impl, M=M, topk=topk, num_experts=None,
+                                        block=None, padded="half", mode=mode, us=round(timer(fn), 3)))
+            print(f"mask topk={topk} M={M}: " + ", ".join(
+                f"{r['impl']}/{r['mode']}={r['us']:.2f}" for r in results[-6:]), flush=True)
+
+
+def sort_buffers(M: int, topk: int, NE: int, BM: int, dev: str) -> dict[str, torch.Tensor]:
+    """Output buffers sized as aiter's ``_adaptive_moe_sort`` sizes them (BRIEF)."""
+    active = min(NE, M * topk)
+    max_sorted = triton.cdiv(M * topk + active * (BM - 1), BM) * BM
+    return dict(
+        sorted_token_ids=torch.empty(max_sorted, dtype=torch.int32, device=dev),
+        sorted_expert_ids=torch.empty(max_sorted // BM, dtype=torch.int32, device=dev),
+        cumsum_tensor=torch.empty(2, dtype=torch.int32, device=dev),
+        reverse_sorted=torch.empty(M * topk, dtype=torch.int32, device=dev),
+        sorted_weights=torch.empty(max_sorted, dtype=torch.float32, device=dev),
+        m_indices=torch.empty(max_sorted, dtype=torch.int32, device=dev),
+        bf16_zero_out=torch.empty(0, 0, dtype=torch.bfloat16, device=dev),
+        bf16_zero_workspace=torch.empty(0, dtype=torch.bfloat16, device=dev),
+    )
+
+
+def sort_impls(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, NE: int, BM: int,
+               align_mod) -> dict[str, Callable[[], None]]:
+    """``ids`` holds -1 past the count, as a padded CUDA-graph batch does."""
+    M, topk = ids.shape
+    dev = ids.device
+    out = sort_buffers(M, topk, NE, BM, dev)
+    prologue = 0 if BM == 16 else 1
+
+    def ours_with(count_arg):
+        def fn():
+            mxfp4_moe_sort(
+                ids, w, out["sorted_token_ids"], out["sorted_expert_ids"], out["cumsum_tensor"],
+                out["reverse_sorted"], out["sorted_weights"], out["m_indices"], out["bf16_zero_out"],
+                out["bf16_zero_workspace"], M, NE, topk, 7168, 2048, BM, prologue, count_arg,
+            )
+        return fn
+
+    # moe_align has no notion of a count and indexes its tables with the ids: give it
+    # in-range ids for every row (what SGLang's CUDA path feeds it).
+    ids_valid = torch.where(ids < 0, torch.randint_like(ids, 0, NE), ids)
+    max_pad = M * topk + NE * (BM - 1)
+    a_sorted = torch.empty(max_pad, dtype=torch.int32, device=dev)
+    a_experts = torch.empty(triton.cdiv(max_pad, BM), dtype=torch.int32, device=dev)
+    a_post = torch.empty(1, dtype=torch.int32, device=dev)
+
+    def sgl_triton_align():
+        align_mod.moe_align_block_size_triton(ids_valid, NE, BM, a_sorted, a_experts, a_post)
+
+    argsort_out = sort_buffers(M, topk, NE, BM, dev)
+
+    def torch_argsort():
+        torch_argsort_sort(ids, w, NE, BM, count, argsort_out)
+
+    return {"ours": ours_with(None), "ours_count": ours_with(count),
+            "sgl_triton_align": sgl_triton_align, "torch_argsort": torch_argsort}
+
+
+def bench_sort(results: list[dict], align_mod, shapes, blocks, ms) -> None:
+    dev = "cuda"
+    for NE, topk in shapes:
+        for BM in blocks:
+            for M in ms:
+                for padded in ("half", "none"):
+                    n = M if padded == "none" else max(M // 2, 1)
+                    ids = torch.randint(0, NE, (M, topk), dtype=torch.int32, device=dev)
+                    ids[n:] = -1
+                    w = torch.rand(M, topk, dtype=torch.float32, device=dev)
+                    count = torch.tensor([n], dtype=torch.int32, device=dev)
+                    for impl, fn in sort_impls(ids, w, count, NE, BM, align_mod).items():
+                        for mode, timer in (("graph", time_graph), ("eager", time_eager)):
+                            results.append(dict(kernel="sort", impl=impl, M=M, topk=topk, num_experts=NE,
+                                                block=BM, padded=padded, mode=mode, us=round(timer(fn), 3)))
+                    print(f"sort NE={NE} topk={topk} BM={BM} M={M} padded={padded}: " + ", ".join(
+                        f"{r['impl']}/{r['mode']}={r['us']:.1f}" for r in results[-8:]), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "h200.json")
+    ap.add_argument("--only", choices=["mask", "sort"], help="run one kernel's benchmarks")
+    ap.add_argument("--quick", action="store_true", help="a small subset (smoke run)")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks need a CUDA or ROCm GPU")
+    results: list[dict] = []
+    if a.only in (None, "mask"):
+        bench_mask(results, _load_peer("fill_padded_rows"))
+    if a.only in (None, "sort"):
+        if a.quick:
+            bench_sort(results, _load_peer("moe_align"), SORT_SHAPES[1:2], [16], [1, 64, 4096])
+        else:
+            bench_sort(results, _load_peer("moe_align"), SORT_SHAPES, SORT_BLOCKS, SORT_M)
+    doc = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "hip": torch.version.hip,
+        "cuda": torch.version.cuda,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "method": {"graph_calls": GRAPH_CALLS, "replays": REPLAYS, "eager_calls": EAGER_CALLS,
+                   "eager_repeats": EAGER_REPEATS, "statistic": "median us per call"},
+        "results": results,
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {len(results)} records to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
