@@ -84,7 +84,11 @@ ADAPTIVE_KWONLY: tuple[str, ...] = ("atomic", "emit_aux", "moebuf_dtype")
 # How _moe_sorting_impl calls _adaptive_moe_sort in the known trees: positional argument
 # names, then keyword -> the value expression (as source) it passes.
 _ADAPTIVE_CALL_POSITIONAL = ADAPTIVE_POSITIONAL
-_ADAPTIVE_CALL_KEYWORDS = {"atomic": "accumulate", "emit_aux": "True", "moebuf_dtype": "moebuf_dtype"}
+_ADAPTIVE_CALL_KEYWORDS = {
+    "atomic": "accumulate",
+    "emit_aux": "True",
+    "moebuf_dtype": "moebuf_dtype",
+}
 # Position of num_local_tokens among moe_sorting's positional parameters (upstream order:
 # topk_ids, topk_weights, num_experts, model_dim, moebuf_dtype, block_size, expert_mask,
 # num_local_tokens, ...); used to tell whether a caller passes the count positionally.
@@ -106,6 +110,10 @@ class FormReport:
     backend_var: str = ""
     #: Backends (lower-case) that the adaptive branch excludes, e.g. ("opus", "ck").
     excluded_backends: tuple[str, ...] = field(default_factory=tuple)
+    #: The adaptive branch's condition as source (pure: names, constants, arithmetic,
+    #: comparisons); the hook evaluates it over the bound call to decide exactly as
+    #: upstream does. Names: the function's parameters, ``M``, ``topk``, ``backend_var``.
+    branch_test: str = ""
     #: ``_adaptive_moe_sort`` is called with the count (positionally or by keyword).
     impl_passes_count: bool = False
     #: ``_adaptive_moe_sort`` passes the count on to ``mxfp4_moe_sort``.
@@ -146,7 +154,9 @@ def analyze_source(source: str) -> FormReport:
     impl = funcs.get(SORT_IMPL)
     adaptive = funcs.get(ADAPTIVE)
     unsupported = funcs.get(INLINE_UNSUPPORTED)
-    mentions_aux = any(_call_name(n) == AUX_KERNEL for n in ast.walk(tree) if isinstance(n, ast.Call))
+    mentions_aux = any(
+        _call_name(n) == AUX_KERNEL for n in ast.walk(tree) if isinstance(n, ast.Call)
+    )
     if adaptive is None and not mentions_aux:
         if unsupported is not None:
             return FormReport(
@@ -155,14 +165,18 @@ def analyze_source(source: str) -> FormReport:
         return FormReport("absent", f"no {ADAPTIVE} and no call to {AUX_KERNEL}", source_sha256=sha)
     if impl is None or adaptive is None:
         missing = SORT_IMPL if impl is None else ADAPTIVE
-        return FormReport("unknown", f"{AUX_KERNEL} is called but {missing} is missing", source_sha256=sha)
+        return FormReport(
+            "unknown", f"{AUX_KERNEL} is called but {missing} is missing", source_sha256=sha
+        )
 
     impl_params = _params(impl)
     common: dict = {"source_sha256": sha, "impl_params": impl_params}
     missing_params = [p for p in IMPL_PARAMS_READ if p not in impl_params]
     if missing_params or impl.args.vararg or impl.args.kwarg:
         return FormReport(
-            "unknown", f"{SORT_IMPL} parameters differ from the known ones ({missing_params})", **common
+            "unknown",
+            f"{SORT_IMPL} parameters differ from the known ones ({missing_params})",
+            **common,
         )
 
     adaptive_ok, why = _adaptive_signature_ok(adaptive)
@@ -178,8 +192,11 @@ def analyze_source(source: str) -> FormReport:
             f"return {ADAPTIVE}(...)` branch",
             **common,
         )
-    backend_var, excluded, call = branch
-    common.update(backend_var=backend_var, excluded_backends=excluded, adaptive_passes_count=adaptive_passes)
+    backend_var, excluded, call, test_source = branch
+    common.update(branch_test=test_source)
+    common.update(
+        backend_var=backend_var, excluded_backends=excluded, adaptive_passes_count=adaptive_passes
+    )
     call_ok, impl_passes, why = _adaptive_call_shape(call)
     common["impl_passes_count"] = impl_passes
     if not call_ok:
@@ -196,10 +213,14 @@ def analyze_source(source: str) -> FormReport:
         if why:
             return FormReport("unknown", why, **common)
     if impl_passes and adaptive_passes:
-        return FormReport("count-honored", f"{SORT_IMPL} -> {ADAPTIVE} -> {AUX_KERNEL} pass {COUNT}", **common)
+        return FormReport(
+            "count-honored", f"{SORT_IMPL} -> {ADAPTIVE} -> {AUX_KERNEL} pass {COUNT}", **common
+        )
     if impl_passes != adaptive_passes:
         where = ADAPTIVE if impl_passes else SORT_IMPL
-        return FormReport("unknown", f"{COUNT} is threaded only part way (not by {where})", **common)
+        return FormReport(
+            "unknown", f"{COUNT} is threaded only part way (not by {where})", **common
+        )
     return FormReport(
         "count-dropped",
         f"{SORT_IMPL} calls {ADAPTIVE} for output_aux without {COUNT}",
@@ -238,7 +259,10 @@ def _adaptive_signature_ok(func: ast.FunctionDef) -> tuple[bool, str]:
     positional = tuple(x.arg for x in [*a.posonlyargs, *a.args])
     kwonly = tuple(x.arg for x in a.kwonlyargs)
     if positional != ADAPTIVE_POSITIONAL:
-        return False, f"{ADAPTIVE} positional parameters {positional} differ from {ADAPTIVE_POSITIONAL}"
+        return (
+            False,
+            f"{ADAPTIVE} positional parameters {positional} differ from {ADAPTIVE_POSITIONAL}",
+        )
     extra = [k for k in kwonly if k not in (*ADAPTIVE_KWONLY, COUNT)]
     if [k for k in kwonly if k != COUNT] != list(ADAPTIVE_KWONLY) or extra or a.vararg or a.kwarg:
         return False, f"{ADAPTIVE} keyword-only parameters {kwonly} differ from {ADAPTIVE_KWONLY}"
@@ -253,38 +277,116 @@ def _adaptive_passes_count(func: ast.FunctionDef) -> bool:
     return False
 
 
-def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, tuple[str, ...], ast.Call] | None:
-    """Find ``if output_aux and VAR not in ("opus", "ck"): return _adaptive_moe_sort(...)``."""
+_PURE_NODES = (
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.Not,
+    ast.USub,
+    ast.BinOp,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.In,
+    ast.NotIn,
+    ast.Is,
+    ast.IsNot,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.Tuple,
+    ast.List,
+    ast.Set,
+)
+
+
+def _is_pure(expr: ast.expr, allowed: set[str]) -> bool:
+    """Only names in ``allowed``, constants, arithmetic, comparisons and boolean logic:
+    something the hook can evaluate itself, with no calls and no attribute access."""
+    for node in ast.walk(expr):
+        if not isinstance(node, _PURE_NODES):
+            return False
+        if isinstance(node, ast.Name) and node.id not in allowed:
+            return False
+    return True
+
+
+def _shape_unpacked(impl: ast.FunctionDef) -> bool:
+    """``M, topk = topk_ids.shape`` among the function's top-level statements."""
+    for stmt in impl.body:
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and ast.unparse(stmt.targets[0]).replace(" ", "") in ("M,topk", "(M,topk)")
+            and ast.unparse(stmt.value) == "topk_ids.shape"
+        ):
+            return True
+    return False
+
+
+def _adaptive_branch(
+    impl: ast.FunctionDef,
+) -> tuple[str, tuple[str, ...], ast.Call, str] | None:
+    """Find ``if output_aux and VAR not in (...) [and PURE]: return _adaptive_moe_sort(...)``.
+
+    Returns (backend variable, excluded backends, the call, the test as source). Extra
+    conjuncts (seed 003's tree adds a size crossover such as ``3 * M * topk < 4 *
+    num_experts``) are accepted only when pure over the parameters, ``M``/``topk`` (when
+    the function unpacks ``topk_ids.shape`` into them) and the backend variable, so the
+    hook can take exactly the same decision by evaluating the same expression.
+    """
+    params = set(_params(impl))
+    if _shape_unpacked(impl):
+        params |= {"M", "topk"}
     for node in ast.walk(impl):
         if not isinstance(node, ast.If):
-            continue
-        test = node.test
-        if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and len(test.values) == 2):
-            continue
-        first, second = test.values
-        if not (isinstance(first, ast.Name) and first.id == "output_aux"):
-            continue
-        if not (
-            isinstance(second, ast.Compare)
-            and isinstance(second.left, ast.Name)
-            and len(second.ops) == 1
-            and isinstance(second.ops[0], ast.NotIn)
-            and isinstance(second.comparators[0], ast.Tuple | ast.List | ast.Set)
-        ):
-            continue
-        consts = second.comparators[0].elts
-        if not all(isinstance(c, ast.Constant) and isinstance(c.value, str) for c in consts):
             continue
         if not node.body or not isinstance(node.body[-1], ast.Return):
             continue
         ret = node.body[-1].value
         if not (isinstance(ret, ast.Call) and _call_name(ret) == ADAPTIVE):
             continue
+        test = node.test
         if len(node.body) != 1:
             # Extra statements before the return would run upstream but not in the hook.
             return None
-        excluded = tuple(str(c.value).lower() for c in consts)  # type: ignore[union-attr]
-        return second.left.id, excluded, ret
+        if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And)):
+            return None
+        has_aux = any(isinstance(v, ast.Name) and v.id == "output_aux" for v in test.values)
+        backend = [
+            v
+            for v in test.values
+            if isinstance(v, ast.Compare)
+            and isinstance(v.left, ast.Name)
+            and len(v.ops) == 1
+            and isinstance(v.ops[0], ast.NotIn)
+            and isinstance(v.comparators[0], ast.Tuple | ast.List | ast.Set)
+            and all(
+                isinstance(c, ast.Constant) and isinstance(c.value, str)
+                for c in v.comparators[0].elts  # type: ignore[attr-defined]
+            )
+        ]
+        if not has_aux or len(backend) != 1:
+            return None
+        var = backend[0].left.id  # type: ignore[attr-defined]
+        if not _is_pure(test, params | {var}):
+            return None
+        excluded = tuple(
+            str(c.value).lower()  # type: ignore[attr-defined]
+            for c in backend[0].comparators[0].elts  # type: ignore[attr-defined]
+        )
+        return var, excluded, ret, ast.unparse(test)
     return None
 
 
@@ -303,7 +405,11 @@ def _adaptive_call_shape(call: ast.Call) -> tuple[bool, bool, str]:
             continue
         seen[kw.arg] = ast.unparse(kw.value)
     if seen != _ADAPTIVE_CALL_KEYWORDS:
-        return False, passes, f"{ADAPTIVE} is called with keywords {seen}, expected {_ADAPTIVE_CALL_KEYWORDS}"
+        return (
+            False,
+            passes,
+            f"{ADAPTIVE} is called with keywords {seen}, expected {_ADAPTIVE_CALL_KEYWORDS}",
+        )
     return True, passes, ""
 
 
@@ -318,7 +424,9 @@ def _count_dropping_callers(tree: ast.Module) -> tuple[str, ...]:
             if not (isinstance(sub, ast.Call) and _call_name(sub) == PUBLIC_SORT):
                 continue
             aux = any(
-                kw.arg == "output_aux" and isinstance(kw.value, ast.Constant) and kw.value.value is True
+                kw.arg == "output_aux"
+                and isinstance(kw.value, ast.Constant)
+                and kw.value.value is True
                 for kw in sub.keywords
             )
             if aux and not _passes(sub, COUNT, _MOE_SORTING_COUNT_INDEX):
@@ -336,7 +444,8 @@ def _rejects_count(func: ast.FunctionDef) -> tuple[bool, str]:
     """
     if COUNT not in _params(func):
         mentions = any(
-            (isinstance(n, ast.Name) and n.id == COUNT) or (isinstance(n, ast.Attribute) and n.attr == COUNT)
+            (isinstance(n, ast.Name) and n.id == COUNT)
+            or (isinstance(n, ast.Attribute) and n.attr == COUNT)
             for n in ast.walk(func)
         )
         if mentions:
