@@ -1,0 +1,160 @@
+"""Mask the padded rows of MoE routing in place: one Triton launch for ids and weights.
+
+Why this exists: with CUDA/HIP graphs a decode batch of ``n`` real tokens is padded to
+a captured size ``M``, and the router output of rows ``>= n`` is garbage. aiter's MoE
+kernels on AMD cannot take -1 or out-of-range expert ids, so every padded row must
+carry a valid id (``fill_value``, normally 0) and a zero weight. SGLang does this with
+two launches (ids, then weights) or, in older releases, with several eager ops; this
+does both tensors in one launch.
+
+The count ``n`` is read on the device and clamped to ``[0, M]``, so a captured graph
+can be replayed with a new count; the launch allocates nothing and never synchronizes
+with the host. The grid depends only on the shapes: each program covers ``BLOCK_M``
+rows and every column (``next_pow2(topk)``), and a program whose rows are all real
+writes nothing.
+
+It is a ``torch.library`` custom op (``torch.ops.sglang_amd_moe.mask_padded_rows``)
+mutating both tensors, with a fake implementation, so ``torch.compile`` can trace
+through it. On the CPU it runs the Triton kernel through the interpreter when Triton
+was imported with ``TRITON_INTERPRET=1``, and the plain-torch reference otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from ._validate import check_mask_args
+from .reference import mask_padded_rows_reference_
+
+# Elements per program (rows x padded columns): small enough that a program finishes
+# in well under a microsecond, large enough that M = 4096 needs a handful of programs.
+_ELEMS_PER_PROGRAM = 4096
+
+
+@triton.jit
+def _mask_padded_rows_kernel(
+    ids_ptr,
+    weights_ptr,
+    count_ptr,
+    num_rows,
+    num_cols,
+    stride_ids,
+    stride_weights,
+    fill_value,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    row0 = tl.program_id(0) * BLOCK_M
+    n = tl.load(count_ptr).to(tl.int64)
+    n = tl.minimum(tl.maximum(n, 0), num_rows)
+    # Programs whose rows are all real (the common case) write nothing.
+    if row0 + BLOCK_M > n:
+        rows = row0 + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_K)
+        mask = ((rows >= n) & (rows < num_rows))[:, None] & (cols < num_cols)[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        ids = tl.zeros([BLOCK_M, BLOCK_K], dtype=ids_ptr.dtype.element_ty) + fill_value
+        tl.store(
+            ids_ptr + rows64 * stride_ids + cols[None, :],
+            ids.to(ids_ptr.dtype.element_ty),
+            mask=mask,
+        )
+        zeros = tl.zeros([BLOCK_M, BLOCK_K], dtype=weights_ptr.dtype.element_ty)
+        tl.store(weights_ptr + rows64 * stride_weights + cols[None, :], zeros, mask=mask)
+
+
+def triton_backend(device: torch.device) -> str:
+    """How the kernels of this package run on ``device``.
+
+    ``"triton"`` on a GPU, ``"triton-interpreter"`` when Triton was imported with
+    ``TRITON_INTERPRET=1`` (any device), ``"torch-reference"`` on the CPU otherwise.
+    Triton decides interpretation once, when its (and our) kernels are decorated, so
+    setting the variable after ``import triton`` has no effect.
+    """
+    if isinstance(_mask_padded_rows_kernel, InterpretedFunction):
+        return "triton-interpreter"
+    if device.type == "cpu":
+        return "torch-reference"
+    return "triton"
+
+
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make ``device`` current for a Triton launch (Triton launches on the current GPU)."""
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def mask_launch_config(num_rows: int, num_cols: int) -> tuple[int, int, int]:
+    """``(grid, BLOCK_M, BLOCK_K)`` for a ``[num_rows, num_cols]`` routing tensor."""
+    block_k = triton.next_power_of_2(max(num_cols, 1))
+    block_m = max(1, min(triton.next_power_of_2(max(num_rows, 1)), _ELEMS_PER_PROGRAM // block_k))
+    return triton.cdiv(num_rows, block_m), block_m, block_k
+
+
+@torch.library.custom_op(
+    "sglang_amd_moe::mask_padded_rows", mutates_args=("topk_ids", "topk_weights")
+)
+def _mask_padded_rows_op(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_token_non_padded: torch.Tensor,
+    fill_value: int,
+) -> None:
+    num_rows, num_cols = topk_ids.shape
+    if num_rows == 0 or num_cols == 0:
+        return
+    if triton_backend(topk_ids.device) == "torch-reference":
+        mask_padded_rows_reference_(topk_ids, topk_weights, num_token_non_padded, fill_value)
+        return
+    grid, block_m, block_k = mask_launch_config(num_rows, num_cols)
+    with device_guard(topk_ids.device):
+        _mask_padded_rows_kernel[(grid,)](
+            topk_ids,
+            topk_weights,
+            num_token_non_padded,
+            num_rows,
+            num_cols,
+            topk_ids.stride(0),
+            topk_weights.stride(0),
+            fill_value,
+            BLOCK_M=block_m,
+            BLOCK_K=block_k,
+            num_warps=4,
+        )
+
+
+@_mask_padded_rows_op.register_fake
+def _mask_padded_rows_fake(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_token_non_padded: torch.Tensor,
+    fill_value: int,
+) -> None:
+    return None
+
+
+def mask_padded_rows_(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_token_non_padded: torch.Tensor | None,
+    fill_value: int = 0,
+) -> None:
+    """In place: rows ``r >= n`` get ``topk_ids[r, :] = fill_value``, ``topk_weights[r, :] = 0``.
+
+    ``n`` is ``num_token_non_padded`` (a 1-element int32/int64 tensor on the routing
+    tensors' device), read on the device and clamped to ``[0, rows]``; ``None`` means
+    no padding and does nothing. ``topk_ids`` is int32 or int64, ``topk_weights``
+    float32, bfloat16 or float16; both ``[rows, topk]`` with unit column stride (the
+    row stride may differ, e.g. a column slice of a wider buffer). Bad inputs raise
+    ``TypeError``/``ValueError`` before anything is launched or written.
+    """
+    count = check_mask_args(topk_ids, topk_weights, num_token_non_padded, fill_value)
+    if count is None:
+        return
+    _mask_padded_rows_op(topk_ids, topk_weights, count, int(fill_value))

@@ -1,0 +1,254 @@
+"""``mask_padded_rows_``: the Triton kernel against its plain-torch reference, bit for bit.
+
+Without a GPU the kernel runs through Triton's interpreter (``tests/conftest.py`` sets
+``TRITON_INTERPRET=1`` before Triton is imported); the reference fallback is disabled
+in these tests, so a pass means the Triton kernel itself wrote the outputs. With a
+GPU (and the variable unset) the same tests run the compiled kernel on it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sglang_amd_moe.kernels.mask_padded_rows as mask_mod
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sglang_amd_moe.kernels import mask_padded_rows_, mask_padded_rows_reference_
+
+BACKEND = mask_mod.triton_backend(torch.device("cpu"))
+DEV = "cpu" if BACKEND == "triton-interpreter" else "cuda"
+if DEV == "cuda" and not torch.cuda.is_available():
+    pytest.fail(
+        "no GPU and Triton is not interpreting: TRITON_INTERPRET=1 must be set before "
+        "triton is imported (tests/conftest.py does this unless the variable is set)",
+        pytrace=False,
+    )
+ID_DTYPES = [torch.int32, torch.int64]
+W_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+ROWS_COUNTS = [(1, 1), (4, 0), (4, 3), (16, 5), (48, 47), (48, 48), (256, 200)]
+
+
+@pytest.fixture(autouse=True)
+def _kernel_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the torch fallback raise: every call below must go through Triton."""
+
+    def _no_fallback(*args: object, **kwargs: object) -> None:
+        raise AssertionError("mask_padded_rows_ fell back to the torch reference")
+
+    monkeypatch.setattr(mask_mod, "mask_padded_rows_reference_", _no_fallback)
+
+
+def test_kernel_runs_through_triton() -> None:
+    expected = "triton-interpreter" if DEV == "cpu" else "triton"
+    assert mask_mod.triton_backend(torch.device(DEV)) == expected
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """Same-width integer view, so NaNs compare bit for bit."""
+    return x.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+
+
+def _inputs(M: int, K: int, id_dtype: torch.dtype, w_dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 513, (M, K), generator=g, dtype=torch.int64).to(id_dtype)
+    w = torch.rand(M, K, generator=g).to(w_dtype)
+    return ids.to(DEV), w.to(DEV)
+
+
+def _count(n: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    return torch.tensor([n], dtype=dtype, device=DEV)
+
+
+def _check(ids: torch.Tensor, w: torch.Tensor, count, fill_value: int = 0) -> None:
+    ref_ids, ref_w = ids.clone(), w.clone()
+    mask_padded_rows_reference_(ref_ids, ref_w, count, fill_value)
+    mask_padded_rows_(ids, w, count, fill_value)
+    assert torch.equal(ids, ref_ids)
+    assert torch.equal(_bits(w), _bits(ref_w))
+
+
+@pytest.mark.parametrize("K", [11, 16])
+@pytest.mark.parametrize(("M", "n"), ROWS_COUNTS)
+def test_fixed_cases_with_garbage_padding(M: int, n: int, K: int) -> None:
+    for id_dtype in ID_DTYPES:
+        for w_dtype in W_DTYPES:
+            ids, w = _inputs(M, K, id_dtype, w_dtype, seed=M * 100 + n)
+            ids[n:] = -1
+            w[n:] = float("nan")
+            ref_ids, ref_w = ids.clone(), w.clone()
+            mask_padded_rows_(ids, w, _count(n))
+            assert torch.equal(ids[:n], ref_ids[:n])
+            assert torch.equal(_bits(w[:n]), _bits(ref_w[:n]))
+            assert bool((ids[n:] == 0).all())
+            assert torch.equal(_bits(w[n:]), _bits(torch.zeros_like(w[n:])))
+            ids2, w2 = _inputs(M, K, id_dtype, w_dtype, seed=M * 100 + n)
+            ids2[n:], w2[n:] = -1, float("nan")
+            _check(ids2, w2, _count(n))
+
+
+def test_no_count_is_a_no_op() -> None:
+    ids, w = _inputs(8, 9, torch.int32, torch.float32)
+    ids[3:], w[3:] = -1, float("nan")
+    before_ids, before_w = ids.clone(), w.clone()
+    mask_padded_rows_(ids, w, None)
+    assert torch.equal(ids, before_ids)
+    assert torch.equal(_bits(w), _bits(before_w))
+
+
+@pytest.mark.parametrize("n", [49, 1000, 2**31 - 1])
+def test_count_larger_than_rows_masks_nothing(n: int) -> None:
+    ids, w = _inputs(48, 11, torch.int32, torch.float32)
+    before_ids, before_w = ids.clone(), w.clone()
+    mask_padded_rows_(ids, w, _count(n))
+    assert torch.equal(ids, before_ids)
+    assert torch.equal(_bits(w), _bits(before_w))
+
+
+@pytest.mark.parametrize("n", [-1, -5, -(2**31)])
+def test_negative_count_masks_every_row(n: int) -> None:
+    ids, w = _inputs(16, 11, torch.int64, torch.bfloat16)
+    mask_padded_rows_(ids, w, _count(n), fill_value=3)
+    assert bool((ids == 3).all())
+    assert torch.equal(_bits(w), _bits(torch.zeros_like(w)))
+
+
+def test_int64_count_beyond_int32() -> None:
+    ids, w = _inputs(16, 8, torch.int32, torch.float32)
+    _check(ids, w, _count(2**40, torch.int64))
+    ids, w = _inputs(16, 8, torch.int32, torch.float32)
+    _check(ids, w, _count(-(2**40), torch.int64))
+
+
+def test_column_slice_with_row_stride() -> None:
+    """Routing tensors that are column slices of wider buffers: only the slice changes."""
+    ids_buf, w_buf = _inputs(40, 13, torch.int32, torch.float16, seed=3)
+    ids, w = ids_buf[:, 1:12], w_buf[:, 2:13]
+    assert ids.stride() == (13, 1) and w.stride() == (13, 1)
+    ref_ids_buf, ref_w_buf = ids_buf.clone(), w_buf.clone()
+    mask_padded_rows_reference_(ref_ids_buf[:, 1:12], ref_w_buf[:, 2:13], _count(17), 0)
+    mask_padded_rows_(ids, w, _count(17))
+    assert torch.equal(ids_buf, ref_ids_buf)
+    assert torch.equal(_bits(w_buf), _bits(ref_w_buf))
+    assert bool((ids_buf[17:, 0] != 0).any())  # the column left of the slice kept its ids
+
+
+def test_large_batch_many_programs() -> None:
+    """M = 4096 spans several programs; counts on program boundaries and inside one."""
+    grid, block_m, _ = mask_mod.mask_launch_config(4096, 11)
+    assert grid > 1
+    for n in [0, 1, block_m - 1, block_m, block_m + 1, 4095, 4096, 3000]:
+        ids, w = _inputs(4096, 11, torch.int32, torch.float32, seed=n)
+        _check(ids, w, _count(n))
+
+
+def test_empty_tensors() -> None:
+    ids = torch.empty(0, 8, dtype=torch.int32, device=DEV)
+    w = torch.empty(0, 8, dtype=torch.float32, device=DEV)
+    mask_padded_rows_(ids, w, _count(0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    M=st.integers(1, 300),
+    K=st.integers(1, 20),
+    n=st.one_of(st.none(), st.integers(-5, 320)),
+    id_dtype=st.sampled_from(ID_DTYPES),
+    w_dtype=st.sampled_from(W_DTYPES),
+    count_dtype=st.sampled_from([torch.int32, torch.int64]),
+    fill_value=st.sampled_from([0, -1, 7]),
+    extra_cols=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_reference_randomized(
+    M, K, n, id_dtype, w_dtype, count_dtype, fill_value, extra_cols, seed
+) -> None:
+    ids_buf, w_buf = _inputs(M, K + extra_cols, id_dtype, w_dtype, seed)
+    ids, w = ids_buf[:, :K], w_buf[:, extra_cols:]
+    count = None if n is None else _count(n, count_dtype)
+    ref_ids_buf, ref_w_buf = ids_buf.clone(), w_buf.clone()
+    mask_padded_rows_reference_(ref_ids_buf[:, :K], ref_w_buf[:, extra_cols:], count, fill_value)
+    mask_padded_rows_(ids, w, count, fill_value)
+    assert torch.equal(ids_buf, ref_ids_buf)
+    assert torch.equal(_bits(w_buf), _bits(ref_w_buf))
+
+
+def test_inside_torch_compile() -> None:
+    """Traced by dynamo + AOTAutograd (functionalized custom op with its fake impl).
+
+    The ``aot_eager`` backend is used on the CPU: inductor adds minutes of C++ compile
+    time on a 2-core machine and exercises nothing more of this op.
+    """
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def route(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        mask_padded_rows_(ids, w, count, 0)
+        return w.sum(dim=1)
+
+    for n in [3, 0, 12, 7]:
+        ids, w = _inputs(12, 9, torch.int32, torch.float32, seed=n)
+        ref_ids, ref_w = ids.clone(), w.clone()
+        mask_padded_rows_reference_(ref_ids, ref_w, _count(n), 0)
+        row_sums = route(ids, w, _count(n))
+        assert torch.equal(ids, ref_ids)
+        assert torch.equal(w, ref_w)
+        assert torch.equal(row_sums, ref_w.sum(dim=1))
+
+
+def test_custom_op_registration() -> None:
+    ids, w = _inputs(10, 4, torch.int32, torch.float32)
+    torch.library.opcheck(
+        torch.ops.sglang_amd_moe.mask_padded_rows.default, (ids, w, _count(6), 0)
+    )
+
+
+# ----------------------------------------------------------------------- bad inputs
+def _good():
+    ids = torch.full((6, 4), 9999, dtype=torch.int32, device=DEV)
+    w = torch.full((6, 4), 5.0, dtype=torch.float32, device=DEV)
+    return ids, w, _count(0)
+
+
+def _bad_cases():
+    """(label, build) where build(ids, w, count) -> (args, expected exception)."""
+    meta_count = torch.zeros(1, dtype=torch.int32, device="meta")
+    return [
+        ("ids not a tensor", lambda i, w, c: ((i.tolist(), w, c), TypeError)),
+        ("weights not a tensor", lambda i, w, c: ((i, 1.0, c), TypeError)),
+        ("count not a tensor", lambda i, w, c: ((i, w, 0), TypeError)),
+        ("1-D ids", lambda i, w, c: ((i.view(-1), w.view(-1), c), ValueError)),
+        ("3-D ids", lambda i, w, c: ((i.view(6, 2, 2), w.view(6, 2, 2), c), ValueError)),
+        ("float count", lambda i, w, c: ((i, w, c.float()), TypeError)),
+        ("bool count", lambda i, w, c: ((i, w, c.bool()), TypeError)),
+        ("int16 count", lambda i, w, c: ((i, w, c.short()), TypeError)),
+        ("two-element count", lambda i, w, c: ((i, w, torch.zeros(2, dtype=torch.int32, device=DEV)), ValueError)),
+        ("empty count", lambda i, w, c: ((i, w, torch.zeros(0, dtype=torch.int32, device=DEV)), ValueError)),
+        ("count on another device", lambda i, w, c: ((i, w, meta_count), ValueError)),
+        ("mismatched rows", lambda i, w, c: ((i, w[:5], c), ValueError)),
+        ("mismatched cols", lambda i, w, c: ((i, w[:, :3], c), ValueError)),
+        ("float ids", lambda i, w, c: ((w, w, c), TypeError)),
+        ("int16 ids", lambda i, w, c: ((i.short(), w, c), TypeError)),
+        ("int weights", lambda i, w, c: ((i, i, c), TypeError)),
+        ("float64 weights", lambda i, w, c: ((i, w.double(), c), TypeError)),
+        ("non-unit column stride", lambda i, w, c: ((i[:, ::2], w[:, ::2], c), ValueError)),
+        ("transposed", lambda i, w, c: ((i.t(), w.t(), c), ValueError)),
+        ("fill_value float", lambda i, w, c: ((i, w, c, 0.5), TypeError)),
+        ("fill_value out of int32 range", lambda i, w, c: ((i, w, c, 2**31), ValueError)),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("label", "build"), _bad_cases(), ids=[c[0] for c in _bad_cases()])
+@pytest.mark.parametrize("fn", [mask_padded_rows_, mask_padded_rows_reference_])
+def test_bad_input_raises_and_writes_nothing(label, build, fn) -> None:
+    ids, w, count = _good()
+    args, exc = build(ids, w, count)
+    with pytest.raises(exc):
+        fn(*args)
+    assert bool((ids == 9999).all()), label
+    assert bool((w == 5.0).all()), label
+
+
+def test_weights_on_another_device_raises() -> None:
+    ids, w, count = _good()
+    with pytest.raises(ValueError, match="topk_weights is on"):
+        mask_padded_rows_(ids, torch.zeros(6, 4, device="meta"), count)
+    assert bool((ids == 9999).all())
