@@ -10,7 +10,10 @@ version string. The form names are a public interface (the audit prints them):
 ``count-dropped``
     ``_moe_sorting_impl`` sends ``output_aux`` calls (sort backend not excluded by
     ``AITER_MOE_SORT_BACKEND``) to ``_adaptive_moe_sort`` without the count, so padded
-    rows' ids are sorted as experts (aiter main as read in Aug 2026).
+    rows' ids are sorted as experts (aiter main as read in Aug 2026). aiter main also
+    drops the count one level up: ``fused_moe_`` calls ``moe_sorting(...,
+    output_aux=True)`` without it (``FormReport.count_dropping_callers``); a tree whose
+    sort honours the count but whose callers still drop it is ``count-dropped`` too.
 ``count-rejected``
     ``_mxfp4_inline_sort_unsupported`` exists and rejects calls because they carry
     ``num_local_tokens``, so tuned inline-sort configs are discarded whenever a caller
@@ -58,6 +61,7 @@ INLINE_UNSUPPORTED = "_mxfp4_inline_sort_unsupported"
 AUX_KERNEL = "mxfp4_moe_sort"
 COUNT = "num_local_tokens"
 PUBLIC_SORT = "moe_sorting"
+OUR_ADAPTIVE = "adaptive_moe_sort"
 
 #: Parameters of ``_moe_sorting_impl`` the hook reads by name (the rest pass through).
 IMPL_PARAMS_READ: tuple[str, ...] = (
@@ -212,7 +216,7 @@ def analyze_source(source: str) -> FormReport:
             )
         if why:
             return FormReport("unknown", why, **common)
-    if impl_passes and adaptive_passes:
+    if impl_passes and adaptive_passes and not common["count_dropping_callers"]:
         return FormReport(
             "count-honored", f"{SORT_IMPL} -> {ADAPTIVE} -> {AUX_KERNEL} pass {COUNT}", **common
         )
@@ -221,11 +225,11 @@ def analyze_source(source: str) -> FormReport:
         return FormReport(
             "unknown", f"{COUNT} is threaded only part way (not by {where})", **common
         )
-    return FormReport(
-        "count-dropped",
-        f"{SORT_IMPL} calls {ADAPTIVE} for output_aux without {COUNT}",
-        **common,
-    )
+    if impl_passes and adaptive_passes:
+        why = f"{', '.join(common['count_dropping_callers'])} call {PUBLIC_SORT}(output_aux=True) without {COUNT}"
+    else:
+        why = f"{SORT_IMPL} calls {ADAPTIVE} for output_aux without {COUNT}"
+    return FormReport("count-dropped", why, **common)
 
 
 # --- helpers -------------------------------------------------------------------------
@@ -270,8 +274,11 @@ def _adaptive_signature_ok(func: ast.FunctionDef) -> tuple[bool, str]:
 
 
 def _adaptive_passes_count(func: ast.FunctionDef) -> bool:
+    """Does ``_adaptive_moe_sort`` hand the count to a sort that honours it: aiter's
+    ``mxfp4_moe_sort`` (aiter PR 7083) or this package's ``adaptive_moe_sort`` (the
+    ``patches/aiter-count-dropped.diff`` route)?"""
     for node in ast.walk(func):
-        if isinstance(node, ast.Call) and _call_name(node) == AUX_KERNEL:
+        if isinstance(node, ast.Call) and _call_name(node) in (AUX_KERNEL, OUR_ADAPTIVE):
             if _passes(node, COUNT):
                 return True
     return False

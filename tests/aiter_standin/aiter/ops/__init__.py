@@ -1,0 +1,1 @@
+"""Stand-in for ``aiter.ops`` (only the MoE sort ops)."""
