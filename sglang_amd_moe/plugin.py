@@ -3,21 +3,53 @@
 ``register()`` runs once in every SGLang process (engine, scheduler, DP controller,
 detokenizer), called by ``sglang.srt.plugins.load_plugins()``. It must never take a
 server down: every failure while detecting or hooking is logged and leaves upstream
-untouched.
+untouched. SGLang's own ``SGLANG_PLUGINS`` whitelist decides whether it runs at all;
+``SGLANG_AMD_MOE_DISABLE=1`` turns it off; hooks are registered only on ROCm unless
+``SGLANG_AMD_MOE_FORCE=1``.
 """
 
 from __future__ import annotations
 
 import logging
 
+from sglang_amd_moe import _env
+
 logger = logging.getLogger("sglang_amd_moe")
+_AITER_MISSING_LOGGED = False
 
 
 def register() -> None:
-    """SGLang entry point (``sglang.srt.plugins``)."""
-    raise NotImplementedError  # filled in by the SGLang plugin issue
+    """SGLang entry point (``sglang.srt.plugins``): the SGLang hook, then the aiter one."""
+    if _env.disabled():
+        logger.info("sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked")
+        return
+    try:
+        from sglang_amd_moe import sglang_hook
+
+        sglang_hook.install()
+    except Exception:  # install() itself never raises; this guards its import
+        logger.exception("sglang-amd-moe: the SGLang hook could not be installed; SGLang left untouched")
+    _install_aiter()
 
 
 def register_vllm() -> None:
     """vLLM entry point (``vllm.general_plugins``): the aiter part only (ATOM under vLLM)."""
-    raise NotImplementedError  # filled in by the aiter issue
+    if _env.disabled():
+        logger.info("sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked")
+        return
+    _install_aiter()
+
+
+def _install_aiter() -> None:
+    global _AITER_MISSING_LOGGED
+    try:
+        from sglang_amd_moe import aiter_hook
+    except ImportError as exc:
+        if not _AITER_MISSING_LOGGED:
+            logger.warning("sglang-amd-moe: aiter hook unavailable (%s); aiter left untouched", exc)
+            _AITER_MISSING_LOGGED = True
+        return
+    try:
+        aiter_hook.install()
+    except Exception:
+        logger.exception("sglang-amd-moe: the aiter hook could not be installed; aiter left untouched")
