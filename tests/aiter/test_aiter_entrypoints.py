@@ -1,0 +1,164 @@
+"""Entry points and import orders, each in a fresh interpreter.
+
+SGLang imports aiter lazily (``SGLANG_USE_AITER=1``), ATOM under vLLM imports it when
+its MoE layers are built: the hook must end up in place whether aiter was imported
+before or after the plugin ran, and must stay silent (one DEBUG line) and import
+nothing where aiter is not installed. Children run with ``cwd`` in a temporary
+directory and only the stand-in (or nothing) on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import entry_points
+
+import pytest
+from aiter_testlib import STANDIN, subprocess_env
+
+CHILD = textwrap.dedent(
+    """
+    import json, logging, sys
+    records = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append({"level": record.levelname, "file": record.pathname,
+                            "msg": record.getMessage()})
+    logging.getLogger().addHandler(Keep())
+    logging.getLogger().setLevel(logging.DEBUG)
+    order, entry = sys.argv[1], sys.argv[2]
+    result = {}
+
+    def run_entry():
+        if entry == "sglang-load_plugins":
+            from sglang.srt.plugins import load_plugins
+            load_plugins()
+            return
+        from importlib.metadata import entry_points
+        group = {"vllm": "vllm.general_plugins", "sglang": "sglang.srt.plugins"}[entry]
+        (ep,) = [e for e in entry_points(group=group) if e.name == "sglang_amd_moe"]
+        result["entry_point"] = ep.value
+        ep.load()()
+
+    def use_aiter():
+        try:
+            import aiter.fused_moe as fm
+        except Exception as exc:
+            result["aiter_import_error"] = f"{type(exc).__name__}: {exc}"
+            return
+        import torch
+        M, K, E = 48, 11, 513
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, E, (M, K), generator=g, dtype=torch.int32)
+        ids[24::2] = -1
+        w = torch.rand((M, K), generator=g)
+        n = torch.tensor([20], dtype=torch.int32)
+        out = fm._moe_sorting_impl(ids, w, E, 2560, torch.bfloat16, 16, None, n, 0, True,
+                                   accumulate=True, output_aux=True)
+        result["num_valid_ids"] = [int(x) for x in out[3]]
+
+    if order == "aiter-first":
+        use_aiter()
+        run_entry()
+    else:
+        run_entry()
+        use_aiter()
+    from sglang_amd_moe import aiter_hook
+    result.update(form=aiter_hook.installed_form(), live=aiter_hook.is_live(),
+                  aiter_imported="aiter" in sys.modules, status=aiter_hook.status(),
+                  records=records)
+    print("RESULT " + json.dumps(result))
+    """
+)
+
+
+def run_child(tmp_path, order: str, entry: str, shape: str | None, extra_env=None) -> dict:
+    env = subprocess_env(shape)
+    env.update(extra_env or {})
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, order, entry],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def hook_records(result: dict) -> list[dict]:
+    """Log records from this package's aiter side (the hook, or plugin.py about aiter)."""
+    return [
+        r
+        for r in result["records"]
+        if r["file"].endswith("aiter_hook.py")
+        or (r["file"].endswith("plugin.py") and "aiter" in r["msg"])
+    ]
+
+
+def test_declared_entry_points() -> None:
+    vllm = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    sglang = {e.name: e.value for e in entry_points(group="sglang.srt.plugins")}
+    assert vllm.get("sglang_amd_moe") == "sglang_amd_moe.plugin:register_vllm"
+    assert sglang.get("sglang_amd_moe") == "sglang_amd_moe.plugin:register"
+
+
+@pytest.mark.parametrize(
+    ("shape", "order"),
+    [
+        ("count-dropped", "plugin-first"),
+        ("count-dropped", "aiter-first"),
+        ("count-rejected", "plugin-first"),
+        ("count-rejected", "aiter-first"),
+    ],
+)
+def test_vllm_entry_point_patches_aiter_in_either_order(tmp_path, shape, order) -> None:
+    r = run_child(tmp_path, order, "vllm", shape)
+    assert r["entry_point"] == "sglang_amd_moe.plugin:register_vllm"
+    assert r["form"] == shape and r["live"]
+    # plugin first: the sort ran after the patch and honours the count;
+    # aiter first: the sort ran before the plugin, so aiter sorted all 48 rows.
+    assert r["num_valid_ids"][1] == (20 if order == "plugin-first" else 48)
+    infos = [x for x in hook_records(r) if x["level"] == "INFO"]
+    assert len(infos) == 1 and shape in infos[0]["msg"]
+    assert not [x for x in hook_records(r) if x["level"] in ("WARNING", "ERROR", "CRITICAL")]
+
+
+def test_sglang_load_plugins_patches_aiter_imported_later(tmp_path) -> None:
+    """ATOM inside SGLang: SGLang's real load_plugins() runs our sglang.srt.plugins entry."""
+    r = run_child(
+        tmp_path,
+        "plugin-first",
+        "sglang-load_plugins",
+        "count-dropped",
+        {"SGLANG_PLUGINS": "sglang_amd_moe"},
+    )
+    assert r["form"] == "count-dropped" and r["live"]
+    assert r["num_valid_ids"][1] == 20
+
+
+def test_without_aiter_register_is_silent_and_imports_nothing(tmp_path) -> None:
+    for entry in ("sglang", "vllm"):
+        r = run_child(tmp_path, "plugin-first", entry, None)
+        assert r["aiter_import_error"].startswith("ModuleNotFoundError")
+        assert not r["aiter_imported"] and r["form"] is None and not r["live"]
+        assert not r["status"]["pending"]
+        mine = hook_records(r)
+        assert [x["level"] for x in mine] == ["DEBUG"], mine
+        assert "not installed" in mine[0]["msg"]
+
+
+def test_broken_aiter_does_not_fail_the_process(tmp_path) -> None:
+    r = run_child(tmp_path, "plugin-first", "vllm", "no-rocm")
+    # aiter's own import error reaches its importer unchanged; the plugin stays quiet.
+    assert (
+        r["aiter_import_error"].startswith("FileNotFoundError")
+        and "rocm" in r["aiter_import_error"]
+    )
+    assert r["form"] is None and not r["live"] and r["status"]["pending"]
+    assert not [x for x in hook_records(r) if x["level"] in ("WARNING", "ERROR", "CRITICAL")]
+    assert (STANDIN / "aiter" / "__init__.py").is_file()
