@@ -11,13 +11,30 @@ Usage::
     python tests/compat/releases.py build-ci        # one release of each form (make test)
     python tests/compat/releases.py build-all       # every release (make compat)
     python tests/compat/releases.py list            # labels and their state, as JSON
+    python tests/compat/releases.py matrix --out docs/compat.md [LABEL ...]
+                                                    # plugin suite + audit per release
+
+``matrix`` runs, for each built release (all of them, or the labels given): the SGLang
+plugin suite (``tests/sglang``, restricted to the release with
+``SGLANG_AMD_MOE_RELEASES=<label>``, counted from pytest's ``--junitxml``), the audit in
+that release's interpreter (``-m sglang_amd_moe audit --json``), and the audit after the
+real ``load_plugins()`` (``--load``, with ``SGLANG_AMD_MOE_FORCE=1`` since this is not a
+ROCm machine); it writes the table to ``--out`` and exits non-zero when any release
+fails its tests, is not built, or audits differently from ``expected_form`` and
+``expected_audit_exit``.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import os
+import platform
 import subprocess
 import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,6 +64,19 @@ class Release:
     def is_built(self) -> bool:
         return (self.venv / "sglang_release.json").exists()
 
+    @property
+    def expected_audit_exit(self) -> int:
+        """What ``sglang-amd-moe audit`` must exit with in this release's environment:
+        1 only where a broken form cannot be covered by the plugin (no plugin loader)."""
+        return 0 if self.has_plugin_loader or self.expected_form == "fixed" else 1
+
+    def topk_path(self) -> Path | None:
+        """The installed ``sglang/srt/layers/moe/topk.py`` of a built environment."""
+        if not self.is_built():
+            return None
+        found = sorted(self.venv.glob("lib/python*/site-packages/sglang/srt/layers/moe/topk.py"))
+        return found[0] if found else None
+
 
 RELEASES = [
     Release("0.5.10", "0.5.10", "no-hip-handling", False, ci=True),
@@ -68,6 +98,30 @@ RELEASES = [
     Release(MAIN_RELEASE, MAIN_RELEASE, "fixed", True, ci=True),
 ]
 BY_LABEL = {r.label: r for r in RELEASES}
+
+
+def topk_source(rel: Release) -> str:
+    """Text of the release's real ``topk.py`` (with ``rel.patch`` applied, as its
+    environment has it): from the built environment, else from the release wheel
+    (downloaded into ``.cache/wheels`` by ``build_env.fetch_wheel`` when missing)."""
+    path = rel.topk_path()
+    if path is not None:
+        return path.read_text()
+    import zipfile
+
+    sys.path.insert(0, str(REPO / "tests" / "compat"))
+    try:
+        import build_env
+    finally:
+        sys.path.pop(0)
+    wheel = build_env.fetch_wheel([str(VENV / "bin" / "python"), "-m", "pip"], rel.version)
+    with zipfile.ZipFile(wheel) as zf:
+        text = zf.read("sglang/srt/layers/moe/topk.py").decode()
+    if rel.patch:
+        from sglang_amd_moe import patching
+
+        text = patching.apply_text(text, (REPO / rel.patch).read_text())
+    return text
 
 
 def build(rel: Release) -> None:
@@ -111,12 +165,208 @@ def main(argv: list[str]) -> int:
         ensure([r for r in RELEASES if r.ci])
     elif cmd == "build-all":
         ensure(RELEASES)
+    elif cmd == "matrix":
+        return matrix(rest)
     elif cmd == "list":
         print(json.dumps([dict(asdict(r), built=r.is_built(), venv=str(r.venv)) for r in RELEASES], indent=2))
     else:
         print(__doc__)
         return 2
     return 0
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+def _junit_counts(path: Path) -> dict[str, int]:
+    """passed/failed/skipped from pytest's junit XML (errors count as failed)."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    if not path.exists():
+        return counts
+    for case in ET.parse(path).getroot().iter("testcase"):
+        tags = {child.tag for child in case}
+        if tags & {"failure", "error"}:
+            counts["failed"] += 1
+        elif "skipped" in tags:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return counts
+
+
+def _audit(rel: Release, *extra: str, env: dict[str, str] | None = None) -> tuple[int, dict | None, str]:
+    """Run the audit in the release's interpreter: (exit status, JSON document, stderr tail)."""
+    proc = subprocess.run(
+        [str(rel.python), "-m", "sglang_amd_moe", "audit", "--json", *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )
+    try:
+        doc = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        doc = None
+    return proc.returncode, doc, proc.stderr[-2000:]
+
+
+def _target(doc: dict | None, name: str) -> dict:
+    for t in (doc or {}).get("targets", []):
+        if t.get("target") == name:
+            return t
+    return {}
+
+
+def matrix_row(rel: Release, junit_dir: Path) -> dict:
+    """Run the plugin suite and the audit for one release; the row for docs/compat.md."""
+    row: dict = {"label": rel.label, "expected_form": rel.expected_form, "built": rel.is_built()}
+    row["date"] = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d")
+    if not rel.is_built():
+        row["problems"] = ["environment not built"]
+        return row
+    problems: list[str] = []
+    t0 = time.perf_counter()
+    code, doc, err = _audit(rel)
+    sg = _target(doc, "sglang")
+    row.update(audit_exit=code, form=sg.get("form"), action=sg.get("action"), patch=sg.get("patch"),
+               patch_status=sg.get("patch_status"), audit_reason=sg.get("reason"))
+    if doc is None:
+        problems.append(f"audit printed no JSON (exit {code}): {err.strip()[-300:]}")
+    if sg.get("form") != rel.expected_form:
+        problems.append(f"audit form {sg.get('form')!r} != expected {rel.expected_form!r}")
+    if code != rel.expected_audit_exit:
+        problems.append(f"audit exit {code} != expected {rel.expected_audit_exit}")
+    lcode, ldoc, lerr = _audit(rel, "--load", env={"SGLANG_AMD_MOE_FORCE": "1"})
+    lsg = _target(ldoc, "sglang")
+    row.update(load_exit=lcode, hook_live=lsg.get("hook_live"), load_hook=lsg.get("hook"))
+    if ldoc is None:
+        problems.append(f"audit --load printed no JSON (exit {lcode}): {lerr.strip()[-300:]}")
+    elif rel.has_plugin_loader and rel.expected_form not in ("fixed",) and not lsg.get("hook_live"):
+        problems.append("hook not live after load_plugins()")
+    junit = junit_dir / f"{rel.label}.xml"
+    proc = subprocess.run(
+        [str(VENV / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         str(REPO / "tests" / "sglang"), f"--junitxml={junit}"],
+        env={**os.environ, "SGLANG_AMD_MOE_RELEASES": rel.label},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    counts = _junit_counts(junit)
+    row.update(counts, pytest_exit=proc.returncode)
+    if counts["failed"] or proc.returncode not in (0,):
+        problems.append(f"plugin suite: exit {proc.returncode}, {counts['failed']} failed")
+        row["pytest_tail"] = proc.stdout[-3000:]
+    if counts["passed"] == 0:
+        problems.append("plugin suite ran no test for this release")
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    row["problems"] = problems
+    return row
+
+
+def _action_cell(row: dict, rel: Release) -> str:
+    if not rel.has_plugin_loader and rel.expected_form != "fixed":
+        patch = row.get("patch") or "?"
+        return f"**plugin cannot load** (no `sglang.srt.plugins` loader): apply `patches/{patch}`"
+    return row.get("action") or "-"
+
+
+def render_matrix(rows: list[dict]) -> str:
+    """docs/compat.md from matrix rows."""
+    py = platform.python_version()
+    lines = [
+        "# Compatibility matrix",
+        "",
+        "Generated by `make compat` (`python tests/compat/releases.py matrix --out docs/compat.md`);",
+        "regenerate it whenever the plugin changes. Each row is one real SGLang release installed",
+        "from the registry in its own environment (`.compat/<label>/`, one shared torch), on a",
+        f"CPU-only Linux machine (Python {py}), with the topk module's `_is_hip=True, _is_cuda=False`.",
+        "",
+        "- **form**: what `sglang-amd-moe audit` (run in that release's interpreter) reads off",
+        "  `_post_process_topk_ids`; every row matches the table in BRIEF.",
+        "- **plugin action**: what the plugin does for that form.",
+        "- **audit exit**: 0 nothing needs action (fixed upstream, or covered by the plugin),",
+        "  1 needs attention.",
+        "- **hook after `load_plugins()`**: `sglang-amd-moe audit --load` with",
+        "  `SGLANG_AMD_MOE_FORCE=1` (this machine is not ROCm): whether the real loader left the",
+        "  hook live.",
+        "- **tests**: the SGLang plugin suite (`tests/sglang`) restricted to the release",
+        "  (`SGLANG_AMD_MOE_RELEASES=<label>`), counted from pytest's junit XML.",
+        "",
+        "| release | form | plugin action | audit exit | hook after `load_plugins()` | tests passed / failed | date |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        rel = BY_LABEL[row["label"]]
+        label = row["label"]
+        if rel.patch:
+            label += " (0.5.14 with PR 28378 reversed; never released)"
+        if not row.get("built"):
+            lines.append(f"| {label} | {rel.expected_form} | not built | - | - | - | {row['date']} |")
+            continue
+        if not rel.has_plugin_loader:
+            hook = "no plugin loader"
+        elif row.get("form") == "fixed":
+            hook = "not needed" if not row.get("hook_live") else "live"
+        else:
+            hook = "live" if row.get("hook_live") else "**not live**"
+        tests = f"{row.get('passed', 0)} / {row.get('failed', 0)}"
+        if row.get("skipped"):
+            tests += f" ({row['skipped']} skipped)"
+        form = row.get("form") or "?"
+        if form != rel.expected_form:
+            form = f"**{form}** (expected {rel.expected_form})"
+        lines.append(
+            f"| {label} | {form} | {_action_cell(row, rel)} | {row.get('audit_exit')} | {hook} | {tests} | {row['date']} |"
+        )
+    bad = [r for r in rows if r.get("problems")]
+    lines.append("")
+    if bad:
+        lines.append("Problems in this run:")
+        lines.append("")
+        for r in bad:
+            lines.append(f"- {r['label']}: " + "; ".join(r["problems"]))
+    else:
+        lines.append(f"All {len(rows)} releases passed: forms as expected, audits as expected, plugin suite green.")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def matrix(argv: list[str]) -> int:
+    out: Path | None = None
+    labels: list[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--out":
+            out = Path(next(it))
+        elif a.startswith("--out="):
+            out = Path(a.split("=", 1)[1])
+        else:
+            labels.append(a)
+    unknown = [lb for lb in labels if lb not in BY_LABEL]
+    if unknown:
+        print(f"unknown labels: {unknown}", file=sys.stderr)
+        return 2
+    rels = [BY_LABEL[lb] for lb in labels] if labels else RELEASES
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="compat-junit-") as tmp:
+        for rel in rels:
+            print(f"[matrix] {rel.label} ...", flush=True)
+            row = matrix_row(rel, Path(tmp))
+            print(f"[matrix] {rel.label}: {json.dumps({k: row.get(k) for k in ('form', 'audit_exit', 'hook_live', 'passed', 'failed', 'skipped', 'seconds', 'problems')})}", flush=True)
+            if row.get("pytest_tail"):
+                print(row["pytest_tail"], flush=True)
+            rows.append(row)
+    text = render_matrix(rows)
+    if out is not None:
+        out = out if out.is_absolute() else REPO / out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"[matrix] wrote {out}", flush=True)
+    else:
+        sys.stdout.write(text)
+    return 1 if any(r.get("problems") for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,106 @@
+"""`sglang-amd-moe audit` in the interpreter of each CI release (one per form), checked
+against BRIEF's table: the form, the exit status, the matching patch, and the hook.
+
+This is the CI part of the compatibility matrix (`make compat` runs every release, see
+``releases.py matrix``). The plain audit imports neither SGLang nor torch (fast); the
+``--load`` audit runs the release's real ``load_plugins()`` with this package's real
+entry point, with ``SGLANG_AMD_MOE_FORCE=1`` because this is not a ROCm machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_amd_moe import patching
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import releases  # noqa: E402
+
+CI = [pytest.param(rel.label, id=rel.label) for rel in releases.RELEASES if rel.ci]
+
+
+def _release(label: str) -> releases.Release:
+    rel = releases.BY_LABEL[label]
+    if not rel.is_built():
+        pytest.fail(f"CI release {label} is not built (`python tests/compat/releases.py build-ci`)")
+    return rel
+
+
+def _audit(rel: releases.Release, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("SGLANG_AMD_MOE_DISABLE", "SGLANG_PLUGINS")}
+    return subprocess.run(
+        [str(rel.python), "-m", "sglang_amd_moe", "audit", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**clean, **(env or {})},
+        cwd=releases.REPO,
+    )
+
+
+def _sglang(doc: dict) -> dict:
+    return next(t for t in doc["targets"] if t["target"] == "sglang")
+
+
+@pytest.mark.parametrize("label", CI)
+def test_audit_matches_brief(label: str) -> None:
+    rel = _release(label)
+    proc = _audit(rel, "--json")
+    doc = json.loads(proc.stdout)
+    sg = _sglang(doc)
+    assert sg["form"] == rel.expected_form
+    assert proc.returncode == doc["exit_status"] == rel.expected_audit_exit, sg["reason"]
+    assert sg["version"] == rel.version
+    assert sg["file"] == str(rel.topk_path())
+    assert sg["hook_live"] is False  # nothing loads plugins in a plain audit
+    assert len(sg["sha256"]) == 64
+    expected_patch = patching.patch_for("sglang", rel.expected_form)
+    assert sg["patch"] == expected_patch
+    if expected_patch is None:
+        assert sg["patch_status"] is None and sg["hook"] == "-"
+    else:
+        assert sg["patch_status"] == patching.APPLIES
+    if not rel.has_plugin_loader:
+        # 0.5.10: the plugin cannot load; the audit says so and names the patch to apply.
+        assert sg["hook"] == "no loader"
+        assert "no plugin loader" in sg["reason"] and "cannot load" in sg["reason"]
+        assert expected_patch in sg["reason"] and "patch --forward" in sg["reason"]
+    elif expected_patch is not None:
+        assert sg["hook"] == "on load" and sg["covered"] is True
+    aiter = next(t for t in doc["targets"] if t["target"] == "aiter")
+    assert aiter["form"] == "not installed" and not aiter["needs_attention"]
+    # The table says the same in five seconds.
+    text = _audit(rel)
+    assert text.returncode == rel.expected_audit_exit
+    first, row = text.stdout.splitlines()[:2]
+    assert first.split() == ["TARGET", "INSTALLED", "FORM", "HOOK", "PATCH", "PATCH", "STATUS"]
+    assert row.split()[:4] == ["sglang", "sglang", rel.version, rel.expected_form]
+    assert text.stdout.rstrip().endswith(f"(exit {rel.expected_audit_exit})")
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("label", CI)
+def test_audit_after_real_load_plugins(label: str) -> None:
+    rel = _release(label)
+    proc = _audit(rel, "--json", "--load", env={"SGLANG_AMD_MOE_FORCE": "1"})
+    assert proc.stdout, proc.stderr[-3000:]
+    sg = _sglang(json.loads(proc.stdout))
+    assert sg["form"] == rel.expected_form
+    if not rel.has_plugin_loader:
+        assert proc.returncode == 1 and sg["hook"] == "no loader" and sg["hook_live"] is False
+    elif rel.expected_form == "fixed":
+        assert proc.returncode == 0 and sg["hook_live"] is False
+    else:
+        assert sg["hook_live"] is True and sg["hook"] == "live", sg["reason"]
+        assert proc.returncode == 0
+    # Disabled on a broken form: needs attention, and the audit says why.
+    if rel.has_plugin_loader and rel.expected_form != "fixed":
+        off = _audit(rel, "--json", env={"SGLANG_AMD_MOE_DISABLE": "1"})
+        sg_off = _sglang(json.loads(off.stdout))
+        assert off.returncode == 1 and sg_off["hook"] == "off" and "SGLANG_AMD_MOE_DISABLE" in sg_off["reason"]

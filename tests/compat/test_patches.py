@@ -1,0 +1,241 @@
+"""The shipped SGLang patches apply to the real topk.py of every release of their form,
+turn it into the `fixed` form, and make the real release behave fixed.
+
+Files come from the releases' own environments (``.compat/<label>``) or, for releases
+whose environment ``make test`` does not build, from the release wheel
+(``releases.topk_source``). GNU ``patch`` and ``git apply`` are checked too where they
+are installed, because those are what users run; the package's own applier
+(``sglang_amd_moe.patching``, used by the audit) must agree with them byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_amd_moe import patching
+from sglang_amd_moe.sglang_forms import classify_source
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import releases  # noqa: E402
+
+REPO = releases.REPO
+UPSTREAM_PATH = "python/sglang/srt/layers/moe/topk.py"
+PATCHED_FORMS = ("no-hip-handling", "weights-only", "mask-under-eplb-guard")
+
+CASES = [
+    pytest.param(form, rel.label, id=f"{form}-{rel.label}")
+    for form in PATCHED_FORMS
+    for rel in releases.RELEASES
+    if rel.expected_form == form
+]
+
+
+def test_every_broken_form_has_a_release_and_a_patch() -> None:
+    forms = {rel.expected_form for rel in releases.RELEASES}
+    for form in PATCHED_FORMS:
+        assert form in forms
+        assert patching.patch_for("sglang", form) is not None
+    assert patching.patch_for("sglang", "fixed") is None
+
+
+@pytest.fixture(scope="module")
+def sources() -> dict[str, str]:
+    return {rel.label: releases.topk_source(rel) for rel in releases.RELEASES if rel.expected_form in PATCHED_FORMS}
+
+
+@pytest.mark.parametrize(("form", "label"), CASES)
+def test_patch_fixes_release_file(form: str, label: str, sources: dict[str, str]) -> None:
+    src = sources[label]
+    assert classify_source(src) == form, "the release's own file no longer has its BRIEF form"
+    text = patching.read_patch(patching.patch_for("sglang", form))
+    assert patching.status(src, text) == patching.APPLIES
+    fixed = patching.apply_text(src, text)
+    compile(fixed, UPSTREAM_PATH, "exec")
+    assert classify_source(fixed) == "fixed"
+    assert patching.status(fixed, text) == patching.ALREADY_APPLIED
+    assert patching.apply_text(fixed, text, reverse=True) == src
+    # Every other SGLang patch is drift on this file (no patch fits two forms).
+    for other in patching.patch_names("sglang"):
+        if other != patching.patch_for("sglang", form):
+            assert patching.status(src, patching.read_patch(other)) == patching.DRIFT, other
+
+
+def _tree(tmp: Path, src: str) -> Path:
+    target = tmp / UPSTREAM_PATH
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(src)
+    return target
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch is not installed")
+@pytest.mark.parametrize(("form", "label"), CASES)
+def test_gnu_patch_applies_without_fuzz(form: str, label: str, sources: dict[str, str], tmp_path: Path) -> None:
+    src = sources[label]
+    target = _tree(tmp_path, src)
+    diff = patching.patch_path(patching.patch_for("sglang", form))
+    proc = subprocess.run(
+        ["patch", "-p1", "--forward", "--batch", "-i", diff], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fuzz" not in proc.stdout, proc.stdout
+    assert target.read_text() == patching.apply_text(src, patching.read_patch(patching.patch_for("sglang", form)))
+    # Applying twice is refused, as users expect from `patch --forward`.
+    again = subprocess.run(["patch", "-p1", "--forward", "--batch", "--dry-run", "-i", diff], cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert again.returncode != 0
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+@pytest.mark.parametrize(("form", "label"), CASES)
+def test_git_apply_check(form: str, label: str, sources: dict[str, str], tmp_path: Path) -> None:
+    _tree(tmp_path, sources[label])
+    diff = patching.patch_path(patching.patch_for("sglang", form))
+    proc = subprocess.run(["git", "apply", "--check", "-v", diff], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_patch_headers_say_what_users_need() -> None:
+    for name in patching.patch_names():
+        text = patching.read_patch(name)
+        header = text[: text.index("\n--- a/")]
+        assert "What it fixes" in header and "plugin does at run time" in header, name
+        numbers = ("7083",) if name.startswith("aiter") else ("28188", "28378")
+        for n in numbers:
+            assert n in header, (name, n)
+        assert len(patching.parse(text)) == 1
+
+
+# The patched file as the real release's topk module: a finder serves the patched text
+# for `sglang.srt.layers.moe.topk`, so every import of it (the package's own included)
+# gets it; then the HIP branch is driven on the CPU, EPLB off and on, and with aiter's
+# shared-expert append (a Triton kernel, interpreted).
+RUNNER = r'''
+import dataclasses, importlib.abc, importlib.util, json, sys
+PATCHED = sys.argv[1]
+NAME = "sglang.srt.layers.moe.topk"
+
+class Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        return importlib.util.spec_from_file_location(name, PATCHED) if name == NAME else None
+
+sys.meta_path.insert(0, Finder())
+import torch
+import sglang.srt.layers.moe.topk as tk
+assert tk.__file__ == PATCHED, tk.__file__
+tk._is_hip, tk._is_cuda = True, False
+M, N, K, E, SHIFT = 8, 5, 4, 16, 5
+gen = torch.Generator().manual_seed(7)
+real_ids = torch.randint(0, E, (N, K), generator=gen, dtype=torch.int32)
+real_w = torch.rand((N, K), generator=gen)
+pad_ids = torch.tensor([[9999, -1, 16, 123456], [-1, -1, -1, -1], [16, 17, 9999, -5]], dtype=torch.int32)
+logits = torch.randn((M, E), generator=gen)
+perm = (torch.arange(E, dtype=torch.int32) + SHIFT) % E
+
+def cfg(**kw):
+    names = {f.name for f in dataclasses.fields(tk.TopKConfig)}
+    return tk.TopKConfig(top_k=K, **{k: v for k, v in kw.items() if k in names})
+
+def call(info, config=None):
+    ids = torch.cat([real_ids, pad_ids])
+    w = torch.cat([real_w, torch.full((M - N, K), float("nan"))])
+    out = tk._post_process_topk_ids(topk_ids=ids, topk_weights=w, topk_config=config or cfg(),
+        router_logits=logits, layer_id=0, num_token_non_padded=torch.tensor([N], dtype=torch.int32),
+        expert_location_dispatch_info=info)
+    return {"ids": out[0].tolist(), "w": [[None if x != x else x for x in r] for r in out[1].tolist()]}
+
+res = {"real_ids": real_ids.tolist(), "real_w": real_w.tolist(), "perm": perm.tolist()}
+res["off"] = call(None)
+
+from sglang.srt.eplb import expert_location as el
+from sglang.srt.eplb.expert_location_dispatch import ExpertLocationDispatchInfo
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", enable_eplb=True, ep_dispatch_algorithm="static"))
+inv = torch.argsort(perm).to(torch.int32)
+all_phys = torch.full((1, E, E), -1, dtype=torch.int32)
+all_phys[0, :, 0] = perm
+fields = {f.name for f in dataclasses.fields(el.ExpertLocationMetadata)}
+kw = dict(physical_to_logical_map=inv[None, :].clone(), physical_to_logical_map_cpu=inv[None, :].clone(),
+          logical_to_all_physical_map=all_phys.clone(), logical_to_all_physical_map_cpu=all_phys.clone(),
+          logical_to_all_physical_map_num_valid=torch.ones((1, E), dtype=torch.int64), ep_size=1,
+          logical_to_rank_dispatch_physical_map=perm[None, :].clone())
+meta = el.ExpertLocationMetadata(**{k: v for k, v in kw.items() if k in fields})
+try:
+    el.set_global_expert_location_metadata(meta, allow_overwrite=True)
+except TypeError:
+    el.set_global_expert_location_metadata(meta)
+res["on"] = call(ExpertLocationDispatchInfo.init_new(layer_id=0))
+set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+
+names = {f.name for f in dataclasses.fields(tk.TopKConfig)}
+if "num_fused_shared_experts" in names:
+    shared = tk.TopKConfig(top_k=K + 1, num_fused_shared_experts=1)
+else:
+    from sglang.srt.configs.shared_experts import SharedExpertsConfig
+    shared = tk.TopKConfig(top_k=K + 1, shared_experts=SharedExpertsConfig(num_fused_shared_experts=1))
+tk._use_aiter = True
+res["append"] = call(None, shared)
+print("RESULT " + json.dumps(res))
+'''
+
+# One release of each broken form that `make test` builds (ci=True), and any other
+# broken-form environment that happens to be built.
+BEHAVIOUR = [
+    pytest.param(rel.label, id=rel.label)
+    for rel in releases.RELEASES
+    if rel.expected_form in PATCHED_FORMS
+]
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("label", BEHAVIOUR)
+def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_path: Path) -> None:
+    rel = releases.BY_LABEL[label]
+    if not rel.is_built():
+        if rel.ci:
+            pytest.fail(f"{label} is a CI release but its environment is not built (make test builds it)")
+        pytest.skip(f"{label}: environment not built (make compat builds it)")
+    form = rel.expected_form
+    fixed = patching.apply_text(sources[label], patching.read_patch(patching.patch_for("sglang", form)))
+    patched = tmp_path / "topk.py"
+    patched.write_text(fixed)
+    proc = subprocess.run(
+        [str(rel.python), "-c", RUNNER, str(patched)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        cwd=tmp_path,
+    )
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, proc.stdout[-3000:] + proc.stderr[-5000:]
+    res = json.loads(line[len("RESULT "):])
+    real_ids, real_w, perm = res["real_ids"], res["real_w"], res["perm"]
+    n = len(real_ids)
+    e = len(perm)
+
+    def check(out: dict, expect_real_ids: list[list[int]], k: int) -> None:
+        ids, w = out["ids"], out["w"]
+        assert [row[:k] for row in ids[:n]] == expect_real_ids
+        assert all(abs(a - b) < 1e-6 for r1, r2 in zip(w[:n], real_w, strict=True) for a, b in zip(r1[:k], r2, strict=True))
+        for row in ids[n:]:
+            assert all(0 <= x <= e for x in row), f"padded ids still out of range: {row}"
+        for row in w[n:]:
+            assert row == [0.0] * len(row), f"padded weights not zero: {row}"
+
+    # EPLB off: no remap; padded ids are 0.
+    check(res["off"], real_ids, 4)
+    assert all(x == 0 for row in res["off"]["ids"][n:] for x in row)
+    # EPLB on: real ids go through the release's own logical -> physical map, once.
+    check(res["on"], [[perm[x] for x in row] for row in real_ids], 4)
+    # Shared-expert append: the appended column's weights for padded rows are zeroed.
+    append = res["append"]
+    assert all(len(row) == 5 for row in append["ids"])
+    assert all(row[4] == e for row in append["ids"][:n])
+    check(append, real_ids, 4)
