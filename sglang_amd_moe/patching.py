@@ -173,18 +173,20 @@ def apply_text(source: str, patch_text: str, *, reverse: bool = False) -> str:
 
 
 def status(source: str, patch_text: str) -> str:
-    """``already applied``, ``applies`` or ``does not apply (drift)`` for ``source``.
+    """``applies``, ``already applied`` or ``does not apply (drift)`` for ``source``.
 
-    Reverse is tried first: a patch that only inserts lines still finds its context in
-    a file it was already applied to, so "applies" alone cannot tell the two apart.
+    Decided as ``patch --forward`` decides: forward first, then reversed. A patch that
+    only inserts lines at a file's edge could apply twice and cannot be told apart from
+    an applied one; the shipped patches are made so that every one of them fails
+    forward on a file it was applied to (tests check it).
     """
-    try:
-        apply_text(source, patch_text, reverse=True)
-        return ALREADY_APPLIED
-    except PatchError:
-        pass
     try:
         apply_text(source, patch_text)
         return APPLIES
+    except PatchError:
+        pass
+    try:
+        apply_text(source, patch_text, reverse=True)
+        return ALREADY_APPLIED
     except PatchError:
         return DRIFT
