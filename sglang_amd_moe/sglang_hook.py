@@ -23,6 +23,7 @@ SGLang is left untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib
@@ -158,12 +159,15 @@ def _install() -> InstallResult:
         return InstallResult("absent", False, f"{head} form=absent -> {TOPK_MODULE} not found; nothing hooked", version)
     report = analyze_source(path.read_text(encoding="utf-8"))
     verify = _env.verify()
-    if report.form == "absent":
-        return InstallResult(
-            "absent", False, f"{head} form=absent -> {ACTIONS['absent']} ({path})", version, str(path), report
-        )
-    if report.form == "fixed" and not verify:
-        return InstallResult("fixed", False, f"{head} form=fixed -> {ACTIONS['fixed']}", version, str(path), report)
+    # Not imported yet: the file decides whether importing it is worth it at all. Already
+    # imported: the running function decides (below), whatever the file says.
+    if TOPK_MODULE not in sys.modules:
+        if report.form == "absent":
+            return InstallResult(
+                "absent", False, f"{head} form=absent -> {ACTIONS['absent']} ({path})", version, str(path), report
+            )
+        if report.form == "fixed" and not verify:
+            return InstallResult("fixed", False, f"{head} form=fixed -> {ACTIONS['fixed']}", version, str(path), report)
 
     # The hook is needed: look at the live function (what will actually run).
     try:
@@ -189,16 +193,20 @@ def _install() -> InstallResult:
             str(path),
             report,
         )
-    live_report = _live_report(live) or report
+    live_report, live_path = _live_report(live)
+    live_report = live_report or report
     if live_report.form != report.form:
         logger.warning(
-            "sglang-amd-moe: the running %s (form %s) differs from %s (form %s); following the running one",
+            "sglang-amd-moe: the running %s (form %s, from %s) differs from %s (form %s); following the running one",
             FUNCTION_NAME,
             live_report.form,
+            live_path or "unknown source",
             path,
             report.form,
         )
-        report = live_report
+    report = live_report
+    if live_path and live_path != str(path):
+        path = Path(live_path)
     form = report.form
     if form == "fixed" and not verify:
         return InstallResult("fixed", False, f"{head} form=fixed -> {ACTIONS['fixed']}", version, str(path), report)
@@ -347,12 +355,22 @@ def _holds_our_hook(fn: Any) -> bool:
     return False
 
 
-def _live_report(live: Callable) -> FormReport | None:
+def _live_report(live: Callable) -> tuple[FormReport | None, str]:
+    """Classify the function that will actually run (under any wrappers); also its file."""
     try:
-        src = textwrap.dedent(inspect.getsource(inspect.unwrap(live)))
+        fn = inspect.unwrap(live)
+        src = textwrap.dedent(inspect.getsource(fn))
+        where = inspect.getsourcefile(fn) or ""
     except (OSError, TypeError, ValueError):
-        return None
-    return analyze_source(src)
+        return None, ""
+    report = analyze_source(src)
+    if report.lineno:  # make the line number file-relative, as analyze_source of the file gives
+        try:
+            first = inspect.getsourcelines(fn)[1]
+        except (OSError, TypeError):
+            first = 1
+        report = dataclasses.replace(report, lineno=first + report.lineno - 1)
+    return report, where
 
 
 def _sglang_version() -> str:

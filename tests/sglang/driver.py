@@ -101,7 +101,15 @@ def main() -> None:
     t = time.perf_counter()
     import torch
 
-    tk = importlib.import_module("sglang.srt.layers.moe.topk")
+    try:
+        tk = importlib.import_module("sglang.srt.layers.moe.topk")
+    except Exception as exc:  # e.g. 0.5.10 needs sgl_kernel's CUDA 12 libraries
+        result["topk_import_error"] = f"{type(exc).__name__}: {exc}"
+        from sglang_amd_moe import sglang_hook
+
+        st = sglang_hook.status()
+        result["status"] = None if st is None else {"form": st.form, "hooked": st.hooked, "message": st.message}
+        return
     tick("import_topk", t)
     tk._is_hip, tk._is_cuda = True, False  # take the HIP branch on this CPU
     import sglang_amd_moe.sglang_hook as hook
@@ -149,6 +157,10 @@ def main() -> None:
             "ids_dtype": str(out_ids.dtype),
             "n_out": len(out),
         }
+
+    if MODE == "unknown":
+        unknown_form(tk, call)
+        return
 
     from sglang.srt.eplb import expert_location as el
     from sglang.srt.eplb.expert_location_dispatch import ExpertLocationDispatchInfo
@@ -285,6 +297,19 @@ def main() -> None:
         st = hook.status()
         result["broken_status"] = None if st is None else {"form": st.form, "hooked": st.hooked, "message": st.message}
         tk._post_process_topk_ids = original
+        # Another plugin's AROUND hook applied first: the registry would now skip ours
+        # (the target counts as patched), so the plugin must wrap on top of it itself.
+        seen: list[int] = []
+        if plugin_loader() is not None:
+            from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+            def observer(original_fn, *args, **kwargs):
+                seen.append(1)
+                return original_fn(*args, **kwargs)
+
+            HookRegistry.register("sglang.srt.layers.moe.topk._post_process_topk_ids", observer, HookType.AROUND)
+            HookRegistry.apply_hooks()
+            result["observer_applied"] = tk._post_process_topk_ids is not original
         # SGLANG_AMD_MOE_VERIFY=1: the entry point called again, now with the check on.
         os.environ["SGLANG_AMD_MOE_VERIFY"] = "1"
         from sglang_amd_moe.plugin import register
@@ -302,6 +327,7 @@ def main() -> None:
             result["verify_call_raised"] = None
         except Exception as exc:
             result["verify_call_raised"] = f"{type(exc).__name__}: {exc}"
+        result["observer_calls"] = len(seen)
         if hasattr(tk, "_skip_hip_pad_mask"):
             # Upstream's own switch (SGLANG_MORI_NO_PAD_MASK) skips its padded-weight
             # zeroing: VERIFY must catch the NaN weights and name the layer.
@@ -313,6 +339,48 @@ def main() -> None:
                 result["verify_skip_mask_raised"] = f"{type(exc).__name__}: {exc}"
             finally:
                 tk._skip_hip_pad_mask = False
+
+
+# The trailing padded-weight zeroing of SGLang 0.5.19+ (form `fixed`); without it the
+# function fills padded ids but never zeroes their weights, which no release does.
+TAIL_ZERO = """        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)
+
+    return topk_ids, topk_weights, recorder_topk_ids"""
+
+
+def unknown_form(tk, call) -> None:
+    """An `unknown` form: the release's own function with its weight zeroing removed,
+    compiled from a file (so its source and hash are real) into the module's globals."""
+    import ast
+    from pathlib import Path
+
+    text = Path(tk.__file__).read_text()
+    result["tail_zero_found"] = text.count(TAIL_ZERO)
+    if text.count(TAIL_ZERO) != 1:
+        return
+    new_text = text.replace(TAIL_ZERO, TAIL_ZERO.replace("_zero_topk_weights_padded_region(", "pass  # (", 1))
+    path = Path.cwd() / "topk_unknown_form.py"
+    path.write_text(new_text)
+    result["unknown_file"] = str(path)
+    func = next(n for n in ast.parse(new_text).body if isinstance(n, ast.FunctionDef) and n.name == "_post_process_topk_ids")
+    segment = "\n" * (func.lineno - 1) + ast.get_source_segment(new_text, func)
+    exec(compile(segment, str(path), "exec"), tk.__dict__)  # replaces the module's function
+    result["bare"] = call(None)
+    result["bare_unpadded"] = call(None, padded=False)
+    os.environ["SGLANG_AMD_MOE_FORCE"] = "1"
+    from sglang_amd_moe import sglang_hook
+    from sglang_amd_moe.plugin import register
+
+    try:
+        register()
+        result["register_raised"] = None
+    except BaseException as exc:
+        result["register_raised"] = repr(exc)
+    result["is_live"] = sglang_hook.is_live()
+    st = sglang_hook.status()
+    result["status"] = None if st is None else {"form": st.form, "hooked": st.hooked, "message": st.message}
+    result["hooked"] = call(None)
+    result["hooked_unpadded"] = call(None, padded=False)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ run to those labels and requires them built (``make compat`` uses it).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,3 +57,54 @@ def topk_source_path(rel) -> Path:
     if not found:
         pytest.fail(f"{rel.label}: no sglang/srt/layers/moe/topk.py under {rel.venv}")
     return found[0]
+
+
+def driver_env(mode: str) -> dict[str, str]:
+    """The driver's environment: ours minus any SGLANG_AMD_MOE_* and SGLANG_PLUGINS."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_")}
+    env.pop("SGLANG_PLUGINS", None)  # the real discovery, unrestricted
+    # The tensors are on the CPU: the package's Triton kernel runs in the interpreter.
+    env["TRITON_INTERPRET"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if mode == "plugin":
+        env["SGLANG_AMD_MOE_FORCE"] = "1"  # this machine is not ROCm
+    return env
+
+
+class DriverRun:
+    """One driver subprocess (``driver.py MODE``) in a release's interpreter."""
+
+    def __init__(self, rel, mode: str, out_dir: Path) -> None:
+        self.rel, self.mode = rel, mode
+        self.out = out_dir / f"{mode}.json"
+        self.log_path = out_dir / f"{mode}.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in wait())
+        self.proc = subprocess.Popen(
+            [str(rel.python), str(DRIVER), mode, str(self.out)],
+            cwd=str(out_dir),
+            env=driver_env(mode),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait(self, timeout: float = 600) -> dict:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            rc = "timeout"
+        self._log.close()
+        tail = self.log_path.read_text(errors="replace")[-4000:]
+        if rc != 0 or not self.out.exists():
+            pytest.fail(f"{self.rel.label} driver {self.mode} exited {rc}:\n{tail}")
+        data = json.loads(self.out.read_text())
+        if data["errors"]:
+            pytest.fail(
+                f"{self.rel.label} driver {self.mode} failed:\n" + "\n".join(data["errors"]) + f"\n--- output\n{tail}"
+            )
+        return data
+
+
+def run_driver(rel, mode: str, out_dir: Path) -> dict:
+    return DriverRun(rel, mode, out_dir).wait()
