@@ -22,7 +22,7 @@ rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
     # Run from outside the checkout so the installed wheel (with kernels/ mapped into
     # sglang_amd_moe.kernels) is imported, not the source folder.
-    (cd /tmp && python3 -m pytest -q -p no:cacheprovider "$repo/tests/gpu" \
+    (cd /tmp && python3 -m pytest -q -rA -p no:cacheprovider "$repo/tests/gpu" \
         --junitxml="$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log"; exit "${PIPESTATUS[0]}") || rc=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
