@@ -360,9 +360,9 @@ def _verdict(rep: TargetReport, view: PluginView | None) -> None:
         rep.reason = f"unrecognised form ({rep.reason}); the plugin only guards it and warns"
         return
     # A broken form: is the plugin going to fix it?
-    apply_hint = ""
+    apply_cmd = ""
     if rep.patch and rep.patch_status == patching.APPLIES and rep.file:
-        apply_hint = f"; or apply the patch: patch --forward {rep.file} {patching.patch_path(rep.patch)}"
+        apply_cmd = f"patch --forward {rep.file} {patching.patch_path(rep.patch)}"
     if view is None:  # --*-source: the image's plugin is not visible from here
         rep.hook = "?"
         rep.needs_attention = True
@@ -402,7 +402,8 @@ def _verdict(rep: TargetReport, view: PluginView | None) -> None:
         else:
             msg = _hook_message(rep.target)
             why = "; ".join(blockers) or (msg or "load_plugins() ran but the hook is not in place")
-            rep.reason = f"{rep.form}: not covered: {why}{apply_hint}"
+            hint = f"; apply the patch instead: {apply_cmd}" if apply_cmd else ""
+            rep.reason = f"{rep.form}: not covered: {why}{hint}"
         rep.needs_attention = not rep.covered
         return
     if would:
@@ -412,9 +413,11 @@ def _verdict(rep: TargetReport, view: PluginView | None) -> None:
         rep.reason = f"{rep.form}: covered: the plugin hooks it when {hosts} loads plugins"
         rep.needs_attention = rep.patch_status == patching.DRIFT
         return
-    rep.hook = "no loader" if any("no plugin loader" in b for b in blockers) else "off"
+    no_loader = any("no plugin loader" in b for b in blockers)
+    rep.hook = "no loader" if no_loader else "off"
     rep.needs_attention = True
-    rep.reason = f"{rep.form}: not covered: {'; '.join(blockers)}{apply_hint}"
+    hint = f"; {'apply the patch instead' if no_loader else 'or apply the patch'}: {apply_cmd}" if apply_cmd else ""
+    rep.reason = f"{rep.form}: not covered: {'; '.join(blockers)}{hint}"
 
 
 # ------------------------------------------------------------------------ diff

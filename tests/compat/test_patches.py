@@ -127,7 +127,11 @@ class Finder(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Finder())
 import torch
-import sglang.srt.layers.moe.topk as tk
+try:
+    import sglang.srt.layers.moe.topk as tk
+except Exception as exc:  # 0.5.10 needs sgl_kernel's CUDA libraries to import topk
+    print("IMPORT_ERROR " + json.dumps(f"{type(exc).__name__}: {exc}"))
+    raise SystemExit(0)
 assert tk.__file__ == PATCHED, tk.__file__
 tk._is_hip, tk._is_cuda = True, False
 M, N, K, E, SHIFT = 8, 5, 4, 16, 5
@@ -213,6 +217,13 @@ def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_
         env={**os.environ, "TRITON_INTERPRET": "1"},
         cwd=tmp_path,
     )
+    err = next((ln for ln in proc.stdout.splitlines() if ln.startswith("IMPORT_ERROR ")), None)
+    if err is not None:
+        # Only acceptable where the plugin has no loader anyway (0.5.10); the same patch
+        # text is exercised on the other releases of its form.
+        if rel.has_plugin_loader:
+            pytest.fail(f"{label}: topk does not import: {err}")
+        pytest.skip(f"{label}: sglang.srt.layers.moe.topk does not import on this machine: {err[13:]}")
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, proc.stdout[-3000:] + proc.stderr[-5000:]
     res = json.loads(line[len("RESULT "):])
