@@ -16,7 +16,14 @@ an AROUND hook, registered through SGLang's own ``HookRegistry`` (so its propaga
    tensors and the form has no trailing weight zeroing of its own.
 
 It acts only while the topk module's own ``_is_hip`` is true at call time; otherwise it
-calls upstream unchanged. Installation decides from the installed code (AST and
+calls upstream unchanged.
+
+One known difference from a fixed release: where the hook adds the remap (forms
+``no-hip-handling`` and ``weights-only``) it runs before upstream's body, so upstream's
+routed-experts capturer (``--enable-return-routed-experts``, which records ids at the
+top of the function) sees physical ids when EPLB is on; a fixed release records logical
+ids there. Everything downstream (the expert-distribution recorder, the shared-expert
+append, DeepEP's per-rank layout) sees the same ids as in a fixed release. Installation decides from the installed code (AST and
 signature), never from the version string, and never raises: any failure is logged and
 SGLang is left untouched.
 """

@@ -95,6 +95,15 @@ def load(label: str) -> None:
 
 
 def main() -> None:
+    if MODE == "unknown" and plugin_loader() is not None:
+        # SGLang's own whitelist applies: another plugin named, ours does not run.
+        os.environ["SGLANG_PLUGINS"] = "some_other_plugin"
+        os.environ["SGLANG_AMD_MOE_FORCE"] = "1"
+        load("whitelist_load")
+        import sglang_amd_moe.sglang_hook as hook
+
+        result["whitelist_status"] = None if hook.status() is None else hook.status().form
+        del os.environ["SGLANG_PLUGINS"], os.environ["SGLANG_AMD_MOE_FORCE"]
     if MODE == "plugin":
         load("load_plugins_1")  # first thing in a fresh process, as a server does
 
@@ -269,6 +278,17 @@ def main() -> None:
     tick("append", t)
 
     if MODE == "plugin":
+        # Not HIP at call time (the CUDA/other branches): exactly what upstream returns.
+        import inspect
+
+        tk._is_hip = False
+        try:
+            mine = call(None)
+            theirs = call(None, fn=inspect.unwrap(tk._post_process_topk_ids))
+            result["not_hip_identical"] = mine == theirs
+            result["not_hip_pad_ids"] = mine["ids"][N_REAL:]
+        finally:
+            tk._is_hip = True
         before = tk._post_process_topk_ids
         load("load_plugins_2")  # the loader's own once-per-process guard
         plugins = plugin_loader()

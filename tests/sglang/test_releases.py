@@ -127,6 +127,8 @@ def test_plugin_hooks_exactly_the_broken_forms(release, driven) -> None:
 def test_plugin_masks_padded_rows_and_keeps_real_rows_bit_identical(release, driven) -> None:
     _needs_topk(release, driven)
     plugin = driven["plugin"]
+    # With the topk module's _is_hip false the call is upstream's, bit for bit.
+    assert plugin["not_hip_identical"] is True
     for name in ("off_noargs", "off_info"):
         padded, unpadded = plugin["scenarios"][name], plugin["scenarios"][f"{name}_unpadded"]
         assert _pad(padded["ids"]) == [[0] * K] * 3, name
@@ -241,6 +243,10 @@ def test_unknown_form_gets_the_guard_and_a_warning_with_its_hash(tmp_path) -> No
         pytest.skip(f"{rel.label} not selected by {ENV_VAR}")
     require_built(rel)
     data = run_driver(rel, "unknown", tmp_path)
+    # First, SGLANG_PLUGINS naming another plugin: SGLang skipped ours, nothing installed.
+    assert data["whitelist_load_raised"] is None
+    assert data["whitelist_status"] is None
+    assert any(r["msg"] == "Skipping plugin sglang_amd_moe (not in SGLANG_PLUGINS)" for r in data["logs"])
     assert data["tail_zero_found"] == 1, "the release's trailing weight zeroing moved: update TAIL_ZERO"
     # Without the guard this function leaves NaN weights in padded rows.
     assert _pad(data["bare"]["w"]) == [["nan"] * K] * 3
