@@ -107,7 +107,9 @@ def install() -> str:
                         "sglang-amd-moe: cannot look up aiter (%s); aiter hook skipped", exc
                     )
                     return "no-aiter"
-                if spec is None:
+                # A bare directory named aiter on sys.path is a namespace package (no
+                # origin); the real aiter is a regular package, which would win over it.
+                if spec is None or spec.origin in (None, "namespace"):
                     logger.debug("sglang-amd-moe: aiter is not installed; aiter hook not needed")
                     return "no-aiter"
             _install_finder()

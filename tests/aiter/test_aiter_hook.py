@@ -277,3 +277,70 @@ def test_mxfp4_moe_sort_takes_a_count_where_aiter_has_none(load_aiter) -> None:
         assert_sort_of_leading_rows(buffers, ids, w, M if n is None else n, E, 16, DIM)
     # With None: aiter's own kernel (twice through _adaptive_moe_sort, once directly).
     assert [c["M_logical"] for c in aux_calls()] == [M, M, M]
+
+
+# --- forms the hook leaves alone -------------------------------------------------------
+
+
+def _edited_standin(tmp_path, old: str, new: str):
+    import shutil
+
+    from aiter_testlib import STANDIN
+
+    root = tmp_path / "standin"
+    shutil.copytree(STANDIN, root)
+    target = root / "aiter" / "_shapes" / "count_dropped" / "fused_moe.py"
+    text = target.read_text()
+    assert text.count(old) == 1
+    target.write_text(text.replace(old, new))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "form"),
+    [
+        # an extra statement in the adaptive branch: not understood exactly
+        ("        # Upstream: the adaptive (fused) aux sort; num_local_tokens is not passed on.\n",
+         "        topk_ids = topk_ids.contiguous()\n", "unknown"),
+        # no aux sort at all
+        ("def _adaptive_moe_sort(", "def _adaptive_moe_sort_gone(", "unknown"),
+    ],
+)  # fmt: skip
+def test_unknown_trees_are_left_alone_with_one_warning(
+    load_aiter, tmp_path, monkeypatch, caplog, old, new, form
+) -> None:
+    load_aiter  # noqa: B018  (cleanup only)
+    monkeypatch.syspath_prepend(str(_edited_standin(tmp_path, old, new)))
+    monkeypatch.setenv("AITER_STANDIN_SHAPE", "count-dropped")
+    caplog.set_level(logging.DEBUG, logger="sglang_amd_moe")
+    assert aiter_hook.install() == "pending"
+    import aiter.fused_moe as fm
+
+    assert str(tmp_path) in fm.__file__
+    assert aiter_hook.found_form() == form and not aiter_hook.is_live()
+    assert not hasattr(fm._moe_sorting_impl, aiter_hook.MARK)
+    mine = [r for r in caplog.records if r.name == "sglang_amd_moe"]
+    assert [r.levelname for r in mine] == ["WARNING"] and "unknown" in mine[0].getMessage()
+
+
+def test_without_our_kernels_aiter_is_left_alone(load_aiter, monkeypatch, caplog) -> None:
+    import sglang_amd_moe.kernels as kernels
+
+    monkeypatch.delattr(kernels, "adaptive_moe_sort")
+    caplog.set_level(logging.DEBUG, logger="sglang_amd_moe")
+    fm = load_aiter("count-dropped")
+    assert aiter_hook.found_form() == "count-dropped" and not aiter_hook.is_live()
+    assert not hasattr(fm._moe_sorting_impl, aiter_hook.MARK)
+    assert "lacks adaptive_moe_sort" in caplog.text
+
+
+def test_a_bare_directory_named_aiter_is_not_aiter(tmp_path, monkeypatch) -> None:
+    from aiter_testlib import forget_aiter
+
+    aiter_hook.uninstall()
+    forget_aiter()
+    (tmp_path / "aiter").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert aiter_hook.install() == "no-aiter"
+    assert not any(getattr(f, "_sglang_amd_moe_finder", False) for f in sys.meta_path)
+    assert "aiter" not in sys.modules
