@@ -7,6 +7,8 @@ The per-release classification of the unedited sources is in ``test_releases.py`
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -128,14 +130,19 @@ def test_dropping_the_hip_branch_gives_no_hip_handling() -> None:
     assert classify_source(text) == "no-hip-handling"
 
 
+@functools.cache
+def _main_source_and_line() -> tuple[str, int]:
+    text = _source(MAIN)
+    return text, analyze_source(text).lineno
+
+
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_any_cut_of_the_function_classifies_without_raising(data: st.DataObject) -> None:
     """Remove an arbitrary run of lines from the real function: always one of the six."""
-    text = _source(MAIN)
-    report = analyze_source(text)
+    text, lineno = _main_source_and_line()
     lines = text.splitlines(keepends=True)
-    start = report.lineno - 1
+    start = lineno - 1
     end = start + 400
     a = data.draw(st.integers(start, end))
     b = data.draw(st.integers(a, min(a + 40, end)))
