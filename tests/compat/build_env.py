@@ -66,6 +66,7 @@ IMPORT_CLOSURE = [
     "tqdm",
     "transformers",
     "tokenizers",
+    "xgrammar",
 ]
 # Installed in the shared venv once; never re-pinned per release (one torch for all).
 SHARED = {"torch", "torchvision", "torchaudio", "triton"}
@@ -162,17 +163,37 @@ def apply_patch(venv: Path, patch_file: Path) -> None:
 
 
 def check_import(python: Path) -> dict:
+    """Import the topk module in a fresh interpreter of the new environment.
+
+    A release with a plugin loader must import it (the plugin hooks it in-process). A
+    release without one (0.5.10) cannot load the plugin at all, so its topk need not
+    import on this CPU machine (0.5.10's pulls in sgl_kernel, which needs CUDA's NVRTC):
+    the failure is recorded as ``topk_import_error`` and the environment still serves the
+    classifier, the audit and the patch checks, which only read its files.
+    """
     code = (
-        "import json, time, importlib.metadata as md; t=time.time();"
+        "import json, time, importlib.metadata as md, importlib.util as u; t=time.time();"
+        "loader = u.find_spec('sglang.srt.plugins') is not None;"
+        "info = {'sglang': md.version('sglang'), 'has_plugin_loader': loader};"
         "import sglang.srt.layers.moe.topk as t_;"
-        "print(json.dumps({'sglang': md.version('sglang'), 'file': t_.__file__,"
-        " 'import_s': round(time.time()-t, 1)}))"
+        "info.update(file=t_.__file__, import_s=round(time.time()-t, 1));"
+        "print(json.dumps(info))"
     )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
-    if out.returncode != 0:
+    if out.returncode == 0:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    probe = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print(u.find_spec('sglang.srt.plugins') is not None)"],
+        capture_output=True,
+        text=True,
+    )
+    has_loader = probe.stdout.strip() != "False"
+    error = (out.stderr.strip().splitlines() or ["?"])[-1]
+    if has_loader:
         sys.stderr.write(out.stderr[-4000:])
-        raise SystemExit(f"importing sglang.srt.layers.moe.topk failed with {python}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"importing sglang.srt.layers.moe.topk failed with {python}: {error}")
+    log(f"topk does not import here ({error}); recorded: this release has no plugin loader")
+    return {"has_plugin_loader": False, "topk_import_error": error}
 
 
 def build(version: str, *, into: Path | None, dest: Path | None, shared: Path | None,
