@@ -31,9 +31,12 @@ from triton.runtime.interpreter import InterpretedFunction
 from ._validate import check_mask_args
 from .reference import mask_padded_rows_reference_
 
-# Elements per program (rows x padded columns): small enough that a program finishes
-# in well under a microsecond, large enough that M = 4096 needs a handful of programs.
-_ELEMS_PER_PROGRAM = 4096
+# Elements per program: small enough that a program finishes in well under a
+# microsecond, large enough that M = 4096 needs few programs. FLAT_BLOCK for contiguous
+# tensors (consecutive elements), ROWS_BLOCK for strided rows (rows x padded columns).
+FLAT_BLOCK = 512
+ROWS_BLOCK = 512
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -48,24 +51,39 @@ def _mask_padded_rows_kernel(
     fill_value,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    FLAT: tl.constexpr,
 ):
-    row0 = tl.program_id(0) * BLOCK_M
     n = tl.load(count_ptr).to(tl.int64)
     n = tl.minimum(tl.maximum(n, 0), num_rows)
-    # Programs whose rows are all real (the common case) write nothing.
-    if row0 + BLOCK_M > n:
-        rows = row0 + tl.arange(0, BLOCK_M)
-        cols = tl.arange(0, BLOCK_K)
-        mask = ((rows >= n) & (rows < num_rows))[:, None] & (cols < num_cols)[None, :]
-        rows64 = rows.to(tl.int64)[:, None]
-        ids = tl.zeros([BLOCK_M, BLOCK_K], dtype=ids_ptr.dtype.element_ty) + fill_value
-        tl.store(
-            ids_ptr + rows64 * stride_ids + cols[None, :],
-            ids.to(ids_ptr.dtype.element_ty),
-            mask=mask,
-        )
-        zeros = tl.zeros([BLOCK_M, BLOCK_K], dtype=weights_ptr.dtype.element_ty)
-        tl.store(weights_ptr + rows64 * stride_weights + cols[None, :], zeros, mask=mask)
+    if FLAT:
+        # Both tensors are contiguous: the padded rows are one contiguous range of
+        # elements [n * cols, rows * cols); BLOCK_M * BLOCK_K elements per program.
+        start = tl.program_id(0).to(tl.int64) * (BLOCK_M * BLOCK_K)
+        first_padded = n * num_cols
+        if start + BLOCK_M * BLOCK_K > first_padded:
+            offs = start + tl.arange(0, BLOCK_M * BLOCK_K)
+            mask = (offs >= first_padded) & (offs < num_rows * num_cols)
+            ids = tl.zeros([BLOCK_M * BLOCK_K], dtype=ids_ptr.dtype.element_ty) + fill_value
+            tl.store(ids_ptr + offs, ids.to(ids_ptr.dtype.element_ty), mask=mask)
+            zeros = tl.zeros([BLOCK_M * BLOCK_K], dtype=weights_ptr.dtype.element_ty)
+            tl.store(weights_ptr + offs, zeros, mask=mask)
+    else:
+        # Strided rows (e.g. column slices): BLOCK_M rows x next_pow2(cols) per program.
+        row0 = tl.program_id(0) * BLOCK_M
+        # Programs whose rows are all real (the common case) write nothing.
+        if row0 + BLOCK_M > n:
+            rows = row0 + tl.arange(0, BLOCK_M)
+            cols = tl.arange(0, BLOCK_K)
+            mask = ((rows >= n) & (rows < num_rows))[:, None] & (cols < num_cols)[None, :]
+            rows64 = rows.to(tl.int64)[:, None]
+            ids = tl.zeros([BLOCK_M, BLOCK_K], dtype=ids_ptr.dtype.element_ty) + fill_value
+            tl.store(
+                ids_ptr + rows64 * stride_ids + cols[None, :],
+                ids.to(ids_ptr.dtype.element_ty),
+                mask=mask,
+            )
+            zeros = tl.zeros([BLOCK_M, BLOCK_K], dtype=weights_ptr.dtype.element_ty)
+            tl.store(weights_ptr + rows64 * stride_weights + cols[None, :], zeros, mask=mask)
 
 
 def triton_backend(device: torch.device) -> str:
@@ -90,10 +108,20 @@ def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def mask_launch_config(num_rows: int, num_cols: int) -> tuple[int, int, int]:
-    """``(grid, BLOCK_M, BLOCK_K)`` for a ``[num_rows, num_cols]`` routing tensor."""
+def mask_launch_config(
+    num_rows: int, num_cols: int, flat: bool = False
+) -> tuple[int, int, int]:
+    """``(grid, BLOCK_M, BLOCK_K)`` for a ``[num_rows, num_cols]`` routing tensor.
+
+    ``flat`` (both tensors contiguous): each program covers ``BLOCK_M * BLOCK_K``
+    consecutive elements (``BLOCK_K`` is 1). Otherwise ``BLOCK_M`` rows of
+    ``next_pow2(num_cols)`` columns.
+    """
+    if flat:
+        block = min(FLAT_BLOCK, triton.next_power_of_2(max(num_rows * num_cols, 1)))
+        return triton.cdiv(num_rows * num_cols, block), block, 1
     block_k = triton.next_power_of_2(max(num_cols, 1))
-    block_m = max(1, min(triton.next_power_of_2(max(num_rows, 1)), _ELEMS_PER_PROGRAM // block_k))
+    block_m = max(1, min(triton.next_power_of_2(max(num_rows, 1)), ROWS_BLOCK // block_k))
     return triton.cdiv(num_rows, block_m), block_m, block_k
 
 
@@ -112,7 +140,8 @@ def _mask_padded_rows_op(
     if triton_backend(topk_ids.device) == "torch-reference":
         mask_padded_rows_reference_(topk_ids, topk_weights, num_token_non_padded, fill_value)
         return
-    grid, block_m, block_k = mask_launch_config(num_rows, num_cols)
+    flat = topk_ids.stride(0) == num_cols and topk_weights.stride(0) == num_cols
+    grid, block_m, block_k = mask_launch_config(num_rows, num_cols, flat)
     with device_guard(topk_ids.device):
         _mask_padded_rows_kernel[(grid,)](
             topk_ids,
@@ -125,7 +154,8 @@ def _mask_padded_rows_op(
             fill_value,
             BLOCK_M=block_m,
             BLOCK_K=block_k,
-            num_warps=4,
+            FLAT=flat,
+            num_warps=NUM_WARPS,
         )
 
 

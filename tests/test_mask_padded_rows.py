@@ -132,13 +132,23 @@ def test_column_slice_with_row_stride() -> None:
     assert bool((ids_buf[17:, 0] != 0).any())  # the column left of the slice kept its ids
 
 
-def test_large_batch_many_programs() -> None:
-    """M = 4096 spans several programs; counts on program boundaries and inside one."""
-    grid, block_m, _ = mask_mod.mask_launch_config(4096, 11)
+@pytest.mark.parametrize("flat", [True, False])
+def test_large_batch_many_programs(flat: bool) -> None:
+    """M = 4096 spans many programs; counts on program boundaries and inside one."""
+    M, K = 4096, 11
+    grid, block_m, block_k = mask_mod.mask_launch_config(M, K, flat)
     assert grid > 1
-    for n in [0, 1, block_m - 1, block_m, block_m + 1, 4095, 4096, 3000]:
-        ids, w = _inputs(4096, 11, torch.int32, torch.float32, seed=n)
-        _check(ids, w, _count(n))
+    rows_per_program = block_m * block_k / K if flat else block_m
+    edge = int(rows_per_program)
+    for n in [0, 1, edge - 1, edge, edge + 1, 3 * edge + 2, M - 1, M, 3000]:
+        ids_buf, w_buf = _inputs(M, K + (0 if flat else 1), torch.int32, torch.float32, seed=n)
+        ids, w = ids_buf[:, :K], w_buf[:, :K]
+        assert ids.is_contiguous() == flat
+        ref_ids_buf, ref_w_buf = ids_buf.clone(), w_buf.clone()
+        mask_padded_rows_reference_(ref_ids_buf[:, :K], ref_w_buf[:, :K], _count(n), 0)
+        mask_padded_rows_(ids, w, _count(n))
+        assert torch.equal(ids_buf, ref_ids_buf)
+        assert torch.equal(_bits(w_buf), _bits(ref_w_buf))
 
 
 def test_empty_tensors() -> None:
