@@ -310,7 +310,9 @@ def render_matrix(rows: list[dict]) -> str:
         if rel.patch:
             label += " (0.5.14 with PR 28378 reversed; never released)"
         if not row.get("built"):
-            lines.append(f"| {label} | {rel.expected_form} | not built | - | - | - | {row['date']} |")
+            lines.append(
+                f"| {label} | not audited (BRIEF: {rel.expected_form}) | **environment not built** | - | - | - | {row['date']} |"
+            )
             continue
         if not rel.has_plugin_loader:
             hook = "no plugin loader"
