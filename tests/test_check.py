@@ -1,0 +1,310 @@
+"""``sglang-amd-moe check``: the end-to-end padded-batch check, and the pieces it is built on.
+
+The first tests run the real command in a subprocess (real SGLang, real ``load_plugins()``)
+and read both its table and its JSON. The others pin down the pieces without SGLang: the
+legacy-sort emulation agrees with this package's reference on in-range ids and does what
+its docstring says on out-of-range ones, the consumer is exact under padding, the HIP
+router emulation, the AST rebuild of the mask-under-eplb-guard form (checked against the
+real reversed-0.5.14 environment when it is built) and the checkpoint writer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sglang_amd_moe.kernels import mxfp4_moe_sort_reference
+
+from sglang_amd_moe import check, demo
+from sglang_amd_moe.tiny_moe import (
+    AiterLikeMoE,
+    SortBuffers,
+    TinyMoE,
+    TinyMoEConfig,
+    hip_router_for,
+    legacy_hip_sort,
+    write_checkpoint,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "compat"))
+import releases  # noqa: E402
+
+ROW = re.compile(
+    r"^(?P<source>installed|rebuilt): (?P<form>\S+)\s+(?P<n>\d+) of (?P<m>\d+) \|\s+(?P<err>\S+)\s+"
+    r"(?P<nan>\d+)\s+(?P<bad>\d+)/\d+\s+(?P<oor>\d+) \| (?P<with>.*)$"
+)
+
+
+def _release(label: str) -> releases.Release:
+    return next(r for r in releases.RELEASES if r.label == label)
+
+
+def _run_check(python: Path | str, tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict, list]:
+    out_json = tmp_path / "check.json"
+    proc = subprocess.run(
+        [str(python), "-m", "sglang_amd_moe", "check", "--json-file", str(out_json), *extra],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
+    doc = json.loads(out_json.read_text()) if out_json.exists() else {}
+    rows = [m.groupdict() for line in proc.stdout.splitlines() if (m := ROW.match(line))]
+    return proc, doc, rows
+
+
+@pytest.mark.sglang
+def test_check_cli_installed_release(tmp_path: Path) -> None:
+    """``python -m sglang_amd_moe check`` in .venv (SGLang 0.5.23, form `fixed`): exit 0;
+    the rebuilt mask-under-eplb-guard form shows garbage without the plugin (out-of-range
+    ids reach the consumer, NaN in real rows) and bit-identical real rows with it."""
+    proc, doc, rows = _run_check(sys.executable, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "result: PASS" in proc.stdout
+    assert doc["ok"] is True
+    assert len(rows) == 6, proc.stdout  # 2 forms x 3 batches, all in the printed table
+
+    installed = [r for r in rows if r["source"] == "installed"]
+    rebuilt = [r for r in rows if r["source"] == "rebuilt"]
+    assert {(int(r["n"]), int(r["m"])) for r in rebuilt} == set(check.BATCHES)
+    for r in rebuilt:
+        assert r["form"] == "mask-under-eplb-guard"
+        assert int(r["oor"]) > 0 and int(r["nan"]) > 0 and int(r["bad"]) > 0, r
+        assert r["with"].startswith("exact"), r
+    for r in installed:
+        if r["form"] == "fixed":  # already fixed upstream: matches without the plugin too
+            assert int(r["oor"]) == 0 and int(r["nan"]) == 0 and int(r["bad"]) == 0, r
+        assert r["with"].startswith("exact"), r
+
+    # The JSON says the same, with the details the table leaves out.
+    for row in doc["with_plugin"]:
+        assert row["compare"]["match"] == "exact" and row["out_of_range_ids"] == 0, row
+    broken = [r for r in doc["without_plugin"] if r["form"] != "fixed"]
+    assert broken and all(r["compare"]["nan_count"] > 0 for r in broken)
+    assert any("legacy HIP sort" in s for r in broken for s in r["sorts"])
+    rebuilt_form = next(f for f in doc["forms"] if f["source"] == "rebuilt")
+    assert rebuilt_form["hook_live"] is True  # the plugin hooked the rebuilt function
+
+
+@pytest.mark.sglang
+def test_check_cli_old_release_shows_bug_on_installed_form(tmp_path: Path) -> None:
+    """In a real 0.5.13.post1 environment (form `weights-only`) the installed form itself
+    shows the garbage without the plugin, and matches with it."""
+    rel = _release("0.5.13.post1")
+    if not rel.is_built():
+        pytest.skip(f"{rel.venv} not built (python tests/compat/releases.py build {rel.label})")
+    proc, doc, rows = _run_check(rel.python, tmp_path, "--no-rebuilt")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert doc["sglang"] == "0.5.13.post1"
+    assert len(rows) == 3 and all(r["form"] == "weights-only" for r in rows), proc.stdout
+    for r in rows:
+        assert int(r["oor"]) > 0 and int(r["nan"]) > 0, r
+        assert r["with"].startswith("exact"), r
+
+
+# ------------------------------------------------------------------- legacy sort model
+
+
+def _sort_both(ids: torch.Tensor, w: torch.Tensor, ne: int, mb: int) -> tuple[SortBuffers, SortBuffers]:
+    m, k = ids.shape
+    legacy = SortBuffers.allocate(m, k, ne, mb, torch.device("cpu"))
+    ref = SortBuffers.allocate(m, k, ne, mb, torch.device("cpu"))
+    legacy_hip_sort(ids, w, legacy, m, ne, k, mb)
+    mxfp4_moe_sort_reference(
+        ids, w, ref.sorted_token_ids, ref.sorted_expert_ids, ref.cumsum, ref.reverse_sorted,
+        ref.sorted_weights, ref.m_indices, torch.empty(0, 0, dtype=torch.bfloat16),
+        torch.empty(0, dtype=torch.uint8), m, ne, k, 64, 64, mb, 0,
+    )  # fmt: skip
+    return legacy, ref
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    m=st.integers(1, 40),
+    k=st.integers(1, 8),
+    ne=st.integers(1, 70),
+    mb=st.sampled_from([16, 32]),
+    seed=st.integers(0, 2**16),
+)
+def test_legacy_sort_matches_reference_on_in_range_ids(m: int, k: int, ne: int, mb: int, seed: int) -> None:
+    """For ids in [0, NE) the emulated pre-fix HIP sort writes what this package's
+    reference writes (the contract, ascending pair order within an expert)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, ne, (m, k), generator=g, dtype=torch.int32)
+    w = torch.rand(m, k, generator=g)
+    legacy, ref = _sort_both(ids, w, ne, mb)
+    total = int(ref.cumsum[0])
+    assert int(legacy.cumsum[0]) == total and int(legacy.cumsum[1]) == m
+    for name in ("sorted_token_ids", "m_indices", "sorted_weights"):
+        assert torch.equal(getattr(legacy, name)[:total], getattr(ref, name)[:total]), name
+    assert torch.equal(legacy.sorted_expert_ids[: total // mb], ref.sorted_expert_ids[: total // mb])
+    assert torch.equal(legacy.reverse_sorted, ref.reverse_sorted)
+
+
+def test_legacy_sort_far_out_of_range_id_overwrites_slot_zero() -> None:
+    """An id far outside the LDS tables: its count is dropped, it reads cumsum 0 and
+    counter 0, so the pair is stored at slot 0, over a real pair (the docstring's model)."""
+    ne, mb = 8, 16
+    ids = torch.tensor([[0, 1], [2, 3], [123456789, 5]], dtype=torch.int32)
+    w = torch.tensor([[0.5, 0.5], [0.5, 0.5], [float("nan"), 1.0]])
+    legacy, ref = _sort_both(ids, w, ne, mb)
+    assert int(legacy.reverse_sorted[4]) == 0  # pair (2, 0) landed at slot 0
+    assert int(legacy.m_indices[0]) == 2 and torch.isnan(legacy.sorted_weights[0])
+    assert int(legacy.reverse_sorted[0]) == 0  # real pair (0, 0) still points at slot 0
+    assert int(ref.reverse_sorted[4]) == -1  # this package's sort drops it instead
+    assert int(legacy.cumsum[0]) == int(ref.cumsum[0])
+
+
+def test_legacy_sort_minus_one_inflates_the_total_but_spares_real_pairs() -> None:
+    """-1: count[-1] falls before the LDS array (dropped), counter[-1] is cumsum[NE] (the
+    total grows by one per -1 pair), and fill_padding_gaps pads those slots again."""
+    ne, mb = 8, 16
+    ids = torch.tensor([[0, 1], [2, 3], [-1, -1]], dtype=torch.int32)
+    w = torch.ones(3, 2)
+    legacy, ref = _sort_both(ids, w, ne, mb)
+    assert int(legacy.cumsum[0]) == int(ref.cumsum[0]) + 2
+    assert torch.equal(legacy.reverse_sorted[:4], ref.reverse_sorted[:4])
+    total = int(ref.cumsum[0])
+    assert torch.equal(legacy.m_indices[total : total + 2], torch.tensor([3, 3], dtype=torch.int32))
+
+
+# ------------------------------------------------------------------- consumer, router
+
+
+def test_consumer_real_rows_bit_identical_under_padding() -> None:
+    """Padded rows masked as the plugin masks them (id 0, weight 0) and holding NaN
+    activations leave the consumer's real rows bit-identical to an unpadded call."""
+    cfg = TinyMoEConfig()
+    model = TinyMoE(cfg)
+    moe = AiterLikeMoE(cfg, model)
+    g = torch.Generator().manual_seed(3)
+    n, m = 11, 16
+    x = torch.randn(n, cfg.hidden, generator=g)
+    ids = torch.stack([torch.randperm(cfg.routed_experts, generator=g)[: cfg.top_k] for _ in range(n)])
+    ids = torch.cat([ids, torch.full((n, 1), cfg.routed_experts)], 1).to(torch.int32)
+    w = torch.rand(n, cfg.slots, generator=g)
+    ref, s_ref = moe(0, x, ids, w)
+    xp = torch.cat([x, torch.full((m - n, cfg.hidden), float("nan"))])
+    idp = torch.cat([ids, torch.zeros(m - n, cfg.slots, dtype=torch.int32)])
+    wp = torch.cat([w, torch.zeros(m - n, cfg.slots)])
+    out, s = moe(0, xp, idp, wp)
+    assert s.out_of_range_ids == 0 and s_ref.out_of_range_ids == 0
+    assert torch.equal(out[:n], ref)
+    # Given the count, the sort skips the padded rows entirely: same real rows again.
+    out2, _ = moe(0, xp, idp, wp, num_local_tokens=torch.tensor([n], dtype=torch.int32))
+    assert torch.equal(out2[:n], ref)
+
+
+def test_hip_router_nan_rows_get_stale_words_finite_rows_are_routed() -> None:
+    cfg = TinyMoEConfig()
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, cfg.routed_experts, generator=g)
+    logits[4:] = float("nan")
+    no_impl = types.SimpleNamespace()  # a release without biased_grouped_topk_impl
+    route = hip_router_for(no_impl, cfg, torch.zeros(cfg.routed_experts), seed=9)
+    w, ids = route(hidden_states=logits, gating_output=logits, topk=cfg.top_k, renormalize=True)
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32
+    assert bool(((ids[:4] >= 0) & (ids[:4] < cfg.routed_experts)).all())
+    assert torch.allclose(w[:4].sum(-1), torch.ones(4))
+    assert bool(((ids[4:] < 0) | (ids[4:] >= cfg.routed_experts)).any())  # stale LDS words
+    route2 = hip_router_for(no_impl, cfg, torch.zeros(cfg.routed_experts), seed=9)
+    w2, ids2 = route2(hidden_states=logits, gating_output=logits, topk=cfg.top_k, renormalize=True)
+    assert torch.equal(ids, ids2)  # fixed seed: the same garbage every run
+
+
+# -------------------------------------------------------------------------- rebuild
+
+
+def _function_dump(source: str) -> str:
+    import ast
+
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == check.FUNCTION)
+    return ast.dump(fn)
+
+
+def test_rebuild_matches_the_real_reversed_0_5_14(tmp_path: Path) -> None:
+    """The AST rebuild of 0.5.14's function equals the real 0.5.14 source with upstream
+    PR 28378 reversed (the CI environment 0.5.14-mask-under-eplb-guard); the 0.5.14
+    source is recovered from it by un-applying the same diff."""
+    guard = _release("0.5.14-mask-under-eplb-guard")
+    path = guard.topk_path()
+    if path is None:
+        pytest.skip(f"{guard.venv} not built")
+    diff = REPO / "tests" / "compat" / "reverse_28378_mask_under_eplb_guard.diff"
+    fixed = tmp_path / "topk_0_5_14.py"
+    subprocess.run(
+        ["patch", "-R", "--batch", "-s", "-o", str(fixed), str(path), str(diff)], check=True
+    )
+    from sglang_amd_moe.sglang_forms import classify_source
+
+    fixed_src = fixed.read_text()
+    assert classify_source(fixed_src) == "fixed"
+    rebuilt = check.rebuild_source(fixed_src)
+    assert classify_source(rebuilt) == "mask-under-eplb-guard"
+    assert _function_dump(rebuilt) == _function_dump(path.read_text())
+    with pytest.raises(check.RebuildError, match="already"):
+        check.rebuild_source(path.read_text())
+
+
+def test_rebuild_refuses_forms_without_a_mask() -> None:
+    src = '''
+def _post_process_topk_ids(topk_ids, topk_weights, num_token_non_padded=None):
+    if _is_cuda:
+        pass
+    elif _is_hip:
+        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)
+    return topk_ids, topk_weights
+'''
+    with pytest.raises(check.RebuildError, match="never fills padded ids"):
+        check.rebuild_source(src)
+    with pytest.raises(check.RebuildError, match="no `_is_hip` branch"):
+        check.rebuild_source("def _post_process_topk_ids(a):\n    return a\n")
+
+
+# ----------------------------------------------------------------------- checkpoint
+
+
+def test_write_checkpoint_loads_with_transformers(tmp_path: Path) -> None:
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg = TinyMoEConfig()
+    files = write_checkpoint(TinyMoE(cfg), tmp_path)
+    assert {f.name for f in files} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    hf = AutoConfig.from_pretrained(tmp_path)
+    assert hf.model_type == "deepseek_v3" and hf.n_routed_experts == cfg.routed_experts
+    assert hf.num_experts_per_tok == cfg.top_k and hf.n_group == cfg.n_group
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    ids = tok("the cat is red").input_ids
+    assert len(ids) == 4 and tok.decode(ids) == "the cat is red"
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert f.get_tensor("model.layers.0.mlp.gate.e_score_correction_bias").dtype == torch.float32
+    experts = [k for k in keys if ".mlp.experts." in k]
+    assert len(experts) == cfg.layers * cfg.routed_experts * 3
+    assert "model.layers.3.mlp.shared_experts.down_proj.weight" in keys
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+def test_demo_status_is_the_checks_unless_the_audit_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang_amd_moe import audit
+
+    calls = []
+    monkeypatch.setattr(check, "main", lambda argv: calls.append(("check", argv)) or 1)
+    for audit_status, expected in ((0, 1), (1, 1), (2, 2)):
+        monkeypatch.setattr(audit, "main", lambda argv, s=audit_status: calls.append(("audit", argv)) or s)
+        assert demo.main(["--device", "cpu"]) == expected
+    assert calls[:2] == [("audit", []), ("check", ["--device", "cpu"])]
+
