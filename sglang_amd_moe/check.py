@@ -576,6 +576,12 @@ def render(
         if not f.reachable:
             lines.append(f"{f.source + ': ' + f.form:<32} {'':>10} | not reachable here: {f.note}")
     lines.append("")
+    if forms and forms[0].form == "fixed":
+        lines.append(
+            "installed form `fixed`: upstream already masks padded ids on HIP, so without the plugin it "
+            "already matches; the bug shows on the rebuilt form here, and on the installed form in an "
+            "older release's environment (e.g. .compat/0.5.13.post1/bin/python -m sglang_amd_moe check)"
+        )
     lines.append(
         "without plugin: real rows only; max abs err over entries finite in both runs, NaN = non-finite "
         "entries, bad rows = rows not bit-identical, out-of-range ids = ids outside [0, NE) read by the "
@@ -612,8 +618,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def use_triton_interpreter(device: str) -> None:
+    """On the CPU, run this package's Triton kernels through Triton's interpreter (the same
+    kernel source as on a GPU; it adds about 2 s here) unless ``TRITON_INTERPRET`` is set
+    already (``TRITON_INTERPRET=0`` selects the kernels' torch-reference fallback). It only
+    takes effect before the first ``import triton``; the table says which ran."""
+    if not device.startswith("cuda"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
+    use_triton_interpreter(args.device)
     if args.write_checkpoint:
         from sglang_amd_moe.tiny_moe import TinyMoE, TinyMoEConfig
 

@@ -19,6 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print("usage: sglang-amd-moe demo [check options]\n\n" + (__doc__ or "").strip())
         return 0
+    from sglang_amd_moe import check
+
+    # Before the audit can import triton (see check.use_triton_interpreter).
+    device = argv[argv.index("--device") + 1] if "--device" in argv[:-1] else "cpu"
+    check.use_triton_interpreter(device)
     print("== sglang-amd-moe audit", flush=True)
     try:
         from sglang_amd_moe import audit
@@ -29,8 +34,6 @@ def main(argv: list[str] | None = None) -> int:
         audit_status = 2
     sys.stdout.flush()
     print("\n== sglang-amd-moe check", flush=True)
-    from sglang_amd_moe import check
-
     check_status = int(check.main(argv) or 0)
     if audit_status == 2:
         print("sglang-amd-moe demo: the audit reported an error (status 2)", file=sys.stderr)

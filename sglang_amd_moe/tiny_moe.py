@@ -380,17 +380,22 @@ def legacy_hip_sort(
     return dropped
 
 
-def _package_sort() -> tuple[Callable[..., None], str]:
-    """This package's sort: the Triton kernel when it is importable (on the CPU only under
-    ``TRITON_INTERPRET=1``, where it is exact but slow), else the torch reference."""
-    import os
-
+def _package_sort(device: torch.device) -> tuple[Callable[..., None], str]:
+    """This package's sort and how it runs on ``device``: the Triton kernel on a GPU or
+    under ``TRITON_INTERPRET=1`` (exact, slow on the CPU), else its torch reference
+    (the kernel's own CPU fallback)."""
     from sglang_amd_moe import kernels
 
     fn = getattr(kernels, "mxfp4_moe_sort", None)
-    if fn is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"):
-        return fn, "sglang_amd_moe.kernels.mxfp4_moe_sort (Triton)"
-    return kernels.mxfp4_moe_sort_reference, "sglang_amd_moe.kernels.mxfp4_moe_sort_reference (torch)"
+    if fn is None:  # a kernels package without the Triton sort: the reference itself
+        return kernels.mxfp4_moe_sort_reference, "sglang_amd_moe.kernels.mxfp4_moe_sort_reference"
+    try:
+        from sglang_amd_moe.kernels.mask_padded_rows import triton_backend
+
+        how = triton_backend(device)
+    except ImportError:
+        how = "backend unknown"
+    return fn, f"sglang_amd_moe.kernels.mxfp4_moe_sort ({how})"
 
 
 class AiterLikeMoE:
@@ -414,7 +419,7 @@ class AiterLikeMoE:
     def __init__(self, cfg: TinyMoEConfig, model: TinyMoE) -> None:
         self.cfg = cfg
         self.model = model
-        self.sort_fn, self.sort_name = _package_sort()
+        self.sort_fn, self.sort_name = _package_sort(model.device)
 
     def __call__(
         self,
