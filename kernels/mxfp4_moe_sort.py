@@ -22,8 +22,9 @@ inside its chunk is a row sum of the chunk's expert-equality matrix (lower trian
 No sort, no histogram op and no atomics: the result is deterministic by construction,
 and nothing here is CUDA-only. :func:`sort_plan` says what a shape launches.
 
-* Single launch, when ``next_pow2(M * TOPK) * next_pow2(NE + 1) <= 16384`` (at NE
-  513/896 that is M = 1 with TOPK 9..16): the place kernel counts the experts itself.
+* Single launch, when ``next_pow2(M * TOPK) <= 64`` and ``next_pow2(M * TOPK) *
+  next_pow2(NE + 1) <= 16384`` (at NE 513/896 that is M = 1 with TOPK 9..16): the
+  place kernel counts the experts itself.
 * Otherwise four launches on the stream: a memset of the int32 scratch's count rows;
   the count kernel (one program per chunk) writes each pair's in-chunk rank and each
   chunk's per-expert counts; the offsets kernel (one program per 32 experts) turns the
@@ -65,8 +66,9 @@ from .reference import mxfp4_moe_sort_reference
 CHUNK_PAIRS = 64
 SMALL_BATCH_CHUNK_PAIRS = 32
 SMALL_BATCH_PAIRS = 2048
-# The single-launch path counts every expert in one [next_pow2(NE + 1), pairs]
-# comparison: used while that has at most SINGLE_MAX_ELEMS values.
+# The single-launch path (all pairs in one chunk of at most CHUNK_PAIRS) counts every
+# expert in one [next_pow2(NE + 1), pairs] comparison: used while that has at most
+# SINGLE_MAX_ELEMS values.
 SINGLE_MAX_ELEMS = 16384
 # Offsets kernel: experts per program, chunk rows per step.
 OFFSET_EXPERTS = 32
@@ -277,7 +279,10 @@ def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0) -> SortPlan:
     """The launch plan for ``M`` rows of ``TOPK`` pairs over ``NE`` experts."""
     pairs = max(M * TOPK, 1)
     pairs_p2 = triton.next_power_of_2(pairs)
-    single = pairs_p2 * triton.next_power_of_2(NE + 1) <= SINGLE_MAX_ELEMS
+    single = (
+        pairs_p2 <= CHUNK_PAIRS
+        and pairs_p2 * triton.next_power_of_2(NE + 1) <= SINGLE_MAX_ELEMS
+    )
     if single:
         chunk = pairs_p2
     else:
