@@ -10,9 +10,10 @@ and is stronger in three ways:
 
 * deterministic: within an expert, pairs appear in ascending pair index (the HIP kernel
   places them with atomics), so identical calls give bit-identical outputs;
-* ids outside ``[0, NE)`` in the real rows are dropped (``reverse_sorted = -1``)
-  instead of being counted into a neighbour's slots;
-* any ``M`` works (the HIP kernel's single-CTA path is tuned for small ``M``).
+* ids outside ``[0, NE)`` in the real rows are dropped (``reverse_sorted = -1``),
+  never counted into any expert's slots (older HIP kernels indexed ``count[-1]``);
+* any ``M`` works, from 1 to beyond 65536 (the HIP kernel's single-CTA sort is sized
+  for small ``M``).
 
 Design. Pair ``i`` (token ``i // TOPK``, slot ``i % TOPK``) routed to expert ``e``
 lands at ``start[e] + (pairs of e in earlier chunks) + (earlier pairs of e in its
