@@ -31,12 +31,19 @@ venv: $(VENV)/.ready
 $(COMPAT)/%/sglang_release.json: $(VENV)/.ready tests/compat/releases.py
 	$(PY) tests/compat/releases.py build $*
 
+# The real-server test (tests/server) needs the server's own extras; they live in a
+# layer on .venv, never in .venv itself (pins: the versions SGLang 0.5.23 resolves to).
+SERVER_EXTRAS := uvicorn==0.54.0 fastapi==0.165.0 uvloop==0.23.0 setproctitle==1.3.8 \
+	python-multipart==0.0.34 jsonschema==4.26.0 xgrammar==0.2.7 soundfile==0.13.1
+$(COMPAT)/server/layer.json: $(VENV)/.ready
+	$(PY) tests/compat/build_env.py --dest $(COMPAT)/server --shared $(VENV) --layer $(SERVER_EXTRAS)
+
 demo: venv
 	$(PY) -m sglang_amd_moe demo
 
-test: venv
+test: venv $(COMPAT)/server/layer.json
 	$(PY) tests/compat/releases.py build-ci
-	$(PY) -m pytest -q
+	SGLANG_AMD_MOE_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q
 	$(VENV)/bin/ruff check .
 
 # On a GPU machine with this package installed (benchmarks/device.sh does it there).
@@ -54,7 +61,7 @@ bench:
 # 0.5.13.post1 pins torch 2.11, the device's torch; the closure lists what its import needs
 # beyond what the device image already has (benchmarks/device.sh installs them).
 GPU_SGLANG := sglang==0.5.13.post1
-GPU_CLOSURE := annotated_types==0.8.0 apache_tvm_ffi==0.1.9 asttokens==3.0.2 compressed_tensors==0.20.1 \
+GPU_CLOSURE := transformers==5.8.1 tokenizers==0.22.2 annotated_types==0.8.0 apache_tvm_ffi==0.1.9 asttokens==3.0.2 compressed_tensors==0.20.1 \
 	dill==0.4.1 distro==1.9.0 executing==2.3.0 gguf==0.19.0 ipython==9.18.1 ipython_pygments_lexers==1.1.1 \
 	jedi==0.20.1 jiter==0.19.0 loguru==0.7.3 matplotlib_inline==0.2.2 msgspec==0.23.0 openai==2.6.1 \
 	orjson==3.13.0 parso==0.8.7 partial_json_parser==0.2.1.1.post7 pexpect==4.9.0 prompt_toolkit==3.0.53 \

@@ -226,9 +226,25 @@ def build(version: str, *, into: Path | None, dest: Path | None, shared: Path | 
     return venv
 
 
+def build_layer(dest: Path, shared: Path, requirements: list[str]) -> Path:
+    """A layered venv on ``shared`` with extra packages only (no SGLang of its own).
+
+    Used for the server test's extras (fastapi, uvicorn, ...), which must never go into
+    the shared venv itself.
+    """
+    make_layered_venv(dest, shared)
+    run([str(shared / "bin" / "python"), "-m", "pip", "--python", str(dest / "bin" / "python"),
+         "install", "-q", *requirements])
+    (dest / "layer.json").write_text(json.dumps({"requirements": requirements}, indent=2) + "\n")
+    log(f"ready: layer {dest} with {requirements}")
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--version", required=True, help="SGLang release, e.g. 0.5.13.post1")
+    ap.add_argument("--version", help="SGLang release, e.g. 0.5.13.post1")
+    ap.add_argument("--layer", nargs="+", metavar="REQ",
+                    help="with --dest/--shared: only these extra packages, no SGLang")
     ap.add_argument("--into", type=Path, help="existing venv to install into")
     ap.add_argument("--dest", type=Path, help="new layered venv to create")
     ap.add_argument("--shared", type=Path, help="venv that supplies torch and this package")
@@ -238,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     if (a.into is None) == (a.dest is None):
         ap.error("give exactly one of --into or --dest")
     os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    if a.layer:
+        if a.dest is None or a.shared is None:
+            ap.error("--layer needs --dest and --shared")
+        build_layer(a.dest, a.shared, a.layer)
+        return 0
+    if not a.version:
+        ap.error("--version is required")
     build(a.version, into=a.into, dest=a.dest, shared=a.shared, patch=a.patch, label=a.label)
     return 0
 

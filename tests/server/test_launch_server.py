@@ -119,7 +119,10 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_launch_server_on_cpu(tmp_path: Path) -> None:
     missing = _have_extras()
     if missing:
-        pytest.skip(f"{SERVER_PY} lacks the server's extra packages ({missing}); see README 'Running it'")
+        msg = f"{SERVER_PY} lacks the server's extra packages ({missing}); see README 'Running it'"
+        if "SGLANG_AMD_MOE_SERVER_PYTHON" in os.environ:  # asked for explicitly (make test): must run
+            pytest.fail(msg)
+        pytest.skip(msg)
 
     ckpt = tmp_path / "tiny-moe"
     subprocess.run(
