@@ -30,8 +30,9 @@ def torch_argsort_sort(
     valid = (flat >= 0) & (flat < E) & (pair < n * K)
     key = torch.where(valid, flat, E)  # invalid pairs sort last, into bucket E
     order = torch.argsort(key, stable=True)
+    # Bucket E (invalid pairs) is counted too, then dropped: no host-to-device write.
     counts = torch.zeros(E + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
-    counts[E] = 0
+    counts = torch.cat([counts[:E], torch.zeros_like(counts[:1])])
     padded = (counts + B - 1) // B * B
     start = torch.cumsum(padded, 0) - padded
     first = torch.cumsum(counts, 0) - counts

@@ -41,9 +41,9 @@ from peers_torch import torch_argsort_sort  # noqa: E402
 from sglang_amd_moe.kernels import mask_padded_rows_, mxfp4_moe_sort  # noqa: E402
 
 GRAPH_CALLS = 20
-REPLAYS = 30
-EAGER_CALLS = 50
-EAGER_REPEATS = 5
+REPLAYS = 15
+EAGER_CALLS = 20
+EAGER_REPEATS = 3
 
 MASK_M = [1, 8, 64, 256, 1024, 4096, 16384]
 MASK_TOPK = [8, 11]
@@ -190,7 +190,7 @@ def sort_impls(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, NE: int,
             "sgl_triton_align": sgl_triton_align, "torch_argsort": torch_argsort}
 
 
-def bench_sort(results: list[dict], align_mod, shapes, blocks, ms) -> None:
+def bench_sort(results: list[dict], align_mod, shapes, blocks, ms, checkpoint: Callable[[], None]) -> None:
     dev = "cuda"
     for NE, topk in shapes:
         for BM in blocks:
@@ -207,6 +207,7 @@ def bench_sort(results: list[dict], align_mod, shapes, blocks, ms) -> None:
                                                 block=BM, padded=padded, mode=mode, us=round(timer(fn), 3)))
                     print(f"sort NE={NE} topk={topk} BM={BM} M={M} padded={padded}: " + ", ".join(
                         f"{r['impl']}/{r['mode']}={r['us']:.1f}" for r in results[-8:]), flush=True)
+            checkpoint()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,11 +221,20 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = []
     if a.only in (None, "mask"):
         bench_mask(results, _load_peer("fill_padded_rows"))
+        write(a.out, results)
     if a.only in (None, "sort"):
         if a.quick:
-            bench_sort(results, _load_peer("moe_align"), SORT_SHAPES[1:2], [16], [1, 64, 4096])
+            shapes, blocks, ms = SORT_SHAPES[1:2], [16], [1, 64, 4096]
         else:
-            bench_sort(results, _load_peer("moe_align"), SORT_SHAPES, SORT_BLOCKS, SORT_M)
+            shapes, blocks, ms = SORT_SHAPES, SORT_BLOCKS, SORT_M
+        bench_sort(results, _load_peer("moe_align"), shapes, blocks, ms, lambda: write(a.out, results))
+    write(a.out, results)
+    print(f"wrote {len(results)} records to {a.out}")
+    return 0
+
+
+def write(out: Path, results: list[dict]) -> None:
+    """Write what was measured so far (a crash later keeps the earlier kernels' numbers)."""
     doc = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -236,10 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                    "eager_repeats": EAGER_REPEATS, "statistic": "median us per call"},
         "results": results,
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {len(results)} records to {a.out}")
-    return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":
