@@ -18,8 +18,28 @@ logger = logging.getLogger("sglang_amd_moe")
 _AITER_MISSING_LOGGED = False
 
 
+def _make_log_visible() -> None:
+    """Give this package's log lines a stderr handler when nothing else would print them.
+
+    SGLang runs ``load_plugins()`` in each process before it configures logging, so the
+    one INFO line saying what was found and done would otherwise be dropped (Python's
+    last-resort handler prints WARNING and above only). When neither our logger nor the
+    root logger has a handler, ours gets one of its own and stops propagating, so the
+    line is printed exactly once even after SGLang configures the root logger later.
+    """
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s %(process)d] %(name)s %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def register() -> None:
     """SGLang entry point (``sglang.srt.plugins``): the SGLang hook, then the aiter one."""
+    _make_log_visible()
     if _env.disabled():
         logger.info("sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked")
         return
@@ -34,6 +54,7 @@ def register() -> None:
 
 def register_vllm() -> None:
     """vLLM entry point (``vllm.general_plugins``): the aiter part only (ATOM under vLLM)."""
+    _make_log_visible()
     if _env.disabled():
         logger.info("sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked")
         return
