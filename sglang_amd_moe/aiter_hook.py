@@ -324,6 +324,16 @@ def _kernels(form: str) -> Any | None:
             ", ".join(missing),
         )
         return None
+    import triton.language as tl
+
+    if not hasattr(tl, "gather"):  # the sort kernel needs tl.gather (Triton >= 3.3)
+        logger.warning(
+            "sglang-amd-moe: aiter form %s but this Triton (%s) lacks tl.gather, which the sort "
+            "kernel needs (Triton >= 3.3); aiter left untouched",
+            form,
+            getattr(sys.modules.get("triton"), "__version__", "?"),
+        )
+        return None
     return kernels
 
 
@@ -412,26 +422,26 @@ def _impl_hook(module: types.ModuleType, impl: Any, report: aiter_forms.FormRepo
     backend_var = report.backend_var
     adaptive = kernels.adaptive_moe_sort
 
-    @functools.wraps(impl)
-    def _moe_sorting_impl(*args: Any, **kwargs: Any) -> Any:
+    def _route(args: tuple, kwargs: dict) -> Any:
+        """Our sort's result for a count-carrying adaptive call, else ``_UPSTREAM``."""
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError:
-            return impl(*args, **kwargs)  # let aiter raise its own error
+            return _UPSTREAM  # let aiter raise its own error
         bound.apply_defaults()
         a = bound.arguments
         if not a["output_aux"]:
-            return impl(*args, **kwargs)
+            return _UPSTREAM
         topk_ids = a["topk_ids"]
         count = a[_COUNT]
         if count is None and callers:
             count = _count_from_caller(topk_ids, callers, origin)
         if count is None:
-            return impl(*args, **kwargs)
+            return _UPSTREAM
         rows, topk = topk_ids.shape
         env = {**a, "M": rows, "topk": topk, backend_var: getattr(module, backend_var)}
         if not eval(test, {"__builtins__": {}}, env):  # upstream's own branch condition
-            return impl(*args, **kwargs)
+            return _UPSTREAM
         return adaptive(
             topk_ids,
             a["topk_weights"],
@@ -445,7 +455,30 @@ def _impl_hook(module: types.ModuleType, impl: Any, report: aiter_forms.FormRepo
             num_local_tokens=count,
         )
 
+    @functools.wraps(impl)
+    def _moe_sorting_impl(*args: Any, **kwargs: Any) -> Any:
+        try:
+            out = _route(args, kwargs)
+        except Exception:  # never take the forward down: aiter's own path instead
+            _log_call_failure(aiter_forms.SORT_IMPL)
+            out = _UPSTREAM
+        return impl(*args, **kwargs) if out is _UPSTREAM else out
+
     return _mark(_moe_sorting_impl, impl)
+
+
+_UPSTREAM = object()  # a wrapper's "call aiter's own function" answer
+_CALL_FAILURES_LOGGED: set[str] = set()
+
+
+def _log_call_failure(what: str) -> None:
+    """Log (once per wrapped function) that our path failed and aiter's own one ran."""
+    if what in _CALL_FAILURES_LOGGED:
+        logger.debug("sglang-amd-moe: %s hook failed again; aiter's own path ran", what, exc_info=True)
+        return
+    _CALL_FAILURES_LOGGED.add(what)
+    logger.exception("sglang-amd-moe: the %s hook failed; aiter's own path ran instead "
+                     "(num_local_tokens is not honored for this call)", what)  # fmt: skip
 
 
 def _count_from_caller(topk_ids: Any, callers: frozenset[str], origin: str) -> Any:
@@ -480,12 +513,13 @@ def _unreject_hook(unsupported: Any):
             return reason
         try:
             bound = sig.bind(*args, **kwargs)
-        except TypeError:
+            if bound.arguments.get(_COUNT) is None:
+                return reason
+            bound.arguments[_COUNT] = None
+            without_count = unsupported(*bound.args, **bound.kwargs)
+        except Exception:  # keep aiter's own verdict
+            _log_call_failure(aiter_forms.INLINE_UNSUPPORTED)
             return reason
-        if bound.arguments.get(_COUNT) is None:
-            return reason
-        bound.arguments[_COUNT] = None
-        without_count = unsupported(*bound.args, **bound.kwargs)
         return without_count if not without_count else reason
 
     return _mark(_mxfp4_inline_sort_unsupported, unsupported)
@@ -513,12 +547,16 @@ def _aux_kernel_plan(kernels: Any) -> list[tuple[types.ModuleType, str, Any, Any
         except TypeError:
             return original(*args, **kwargs)
         count = bound.arguments.get(_COUNT)
+        rest = {k: v for k, v in bound.arguments.items() if k != _COUNT}
         if count is None:
             if _COUNT not in bound.arguments:
                 return original(*args, **kwargs)
-            rest = {k: v for k, v in bound.arguments.items() if k != _COUNT}
             return original(**rest)
-        return ours(*args, **kwargs)
+        try:
+            return ours(*args, **kwargs)
+        except Exception:  # never take the forward down: aiter's kernel, without the count
+            _log_call_failure(aiter_forms.AUX_KERNEL)
+            return original(**rest)
 
     if orig_sig is not None:
         params = list(orig_sig.parameters.values())
