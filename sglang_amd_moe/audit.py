@@ -42,6 +42,7 @@ import importlib.util
 import json
 import os
 import sys
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -152,6 +153,8 @@ def _read(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise AuditError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise AuditError(f"{path} is not UTF-8 Python source ({exc.reason})") from exc
 
 
 # ------------------------------------------------------------------------ plugin state
@@ -574,15 +577,23 @@ def main(argv: list[str]) -> int:
     except (AuditError, patching.PatchError) as exc:
         print(f"sglang-amd-moe audit: error: {exc}", file=sys.stderr)
         return 2
+    except Exception:  # a bug of ours must not read as "needs attention" (1)
+        traceback.print_exc()
+        print("sglang-amd-moe audit: internal error (above)", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
-    if args.json:
-        doc = {"exit_status": exit_status, "targets": [r.to_json() for r in reports]}
-        if args.diff:
-            doc["diff"] = {r.target: function_diff(r) for r in reports}
-        print(json.dumps(doc, indent=2))
-    else:
-        sys.stdout.write(_table(reports, exit_status, view))
-        if args.diff:
-            for r in reports:
-                sys.stdout.write("\n" + function_diff(r))
+    try:
+        if args.json:
+            doc = {"exit_status": exit_status, "targets": [r.to_json() for r in reports]}
+            if args.diff:
+                doc["diff"] = {r.target: function_diff(r) for r in reports}
+            print(json.dumps(doc, indent=2))
+        else:
+            sys.stdout.write(_table(reports, exit_status, view))
+            if args.diff:
+                for r in reports:
+                    sys.stdout.write("\n" + function_diff(r))
+    except (AuditError, patching.PatchError) as exc:
+        print(f"sglang-amd-moe audit: error: {exc}", file=sys.stderr)
+        return 2
     return exit_status

@@ -32,7 +32,8 @@ PY = sys.executable
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PY, "-m", "sglang_amd_moe", "audit", *args], capture_output=True, text=True, env=env, cwd=REPO
+        [PY, "-m", "sglang_amd_moe", "audit", *args], capture_output=True, text=True, env=env, cwd=REPO,
+        timeout=300,
     )
 
 
@@ -212,6 +213,10 @@ def test_aiter_source_mode() -> None:
 def test_errors_exit_2(tmp_path: Path) -> None:
     missing = run_cli("--sglang-source", str(tmp_path / "nope.py"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+    binary = tmp_path / "topk.py"
+    binary.write_bytes(b"\x7fELF\xff\xfe\x00\x80 not source")
+    not_text = run_cli("--sglang-source", str(binary))
+    assert not_text.returncode == 2 and "not UTF-8" in not_text.stderr, not_text.stderr
     assert run_cli("--load", "--sglang-source", str(STANDIN_DROPPED)).returncode == 2
     assert run_cli("--no-such-option").returncode == 2
     helped = run_cli("--help")
@@ -229,7 +234,7 @@ def test_plain_audit_imports_nothing_heavy() -> None:
         "heavy = [m for m in ('torch', 'sglang', 'aiter', 'triton') if m in sys.modules]\n"
         "print('HEAVY', heavy, 'RC', rc)\n"
     )
-    proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert "HEAVY [] RC 0" in proc.stdout, proc.stdout + proc.stderr
     assert "OK: nothing needs action (exit 0)" in proc.stdout
 
@@ -254,7 +259,7 @@ def _with_standin(tmp: Path, extra_env: dict[str, str] | None = None) -> subproc
         (pkg / "__init__.py").symlink_to(STANDIN / "aiter" / "__init__.py")
         (pkg / "fused_moe.py").symlink_to(STANDIN_DROPPED)
     env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_AMD_MOE_DISABLE", "SGLANG_PLUGINS")}
-    env.update(PYTHONPATH=str(pkg.parent), AITER_STANDIN_SHAPE="no-rocm", **(extra_env or {}))
+    env.update(PYTHONPATH=str(pkg.parent), SGLANG_AMD_MOE_AITER_STANDIN_SHAPE="no-rocm", **(extra_env or {}))
     code = (
         "import json, sys\n"
         "from sglang_amd_moe import audit\n"
@@ -262,7 +267,7 @@ def _with_standin(tmp: Path, extra_env: dict[str, str] | None = None) -> subproc
         "print(json.dumps({'rc': rc, 'aiter_imported': 'aiter' in sys.modules,\n"
         "  't': [r.to_json() for r in reps]}))\n"
     )
-    return subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    return subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
 
 
 def test_aiter_found_without_importing_it(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ def _built_wheel(tmp_path: Path) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
         check=True,
+        timeout=600,
     )
     wheels = list(tmp_path.glob("sglang_amd_moe-*.whl"))
     if len(wheels) != 1:
