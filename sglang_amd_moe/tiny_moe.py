@@ -138,24 +138,6 @@ def rows_matmul(x: torch.Tensor, w_t: torch.Tensor, tile: int) -> torch.Tensor:
 # ----------------------------------------------------------------------------- router
 
 
-def _grouped_topk_torch(
-    logits: torch.Tensor, bias: torch.Tensor, topk: int, n_group: int, topk_group: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V3 ``noaux_tc`` routing in plain torch (used only when the SGLang release
-    has no ``biased_grouped_topk_impl``)."""
-    scores = logits.sigmoid()
-    choice = scores + bias
-    n, e = choice.shape
-    group_scores = choice.view(n, n_group, -1).topk(2, dim=-1)[0].sum(-1)
-    group_idx = group_scores.topk(topk_group, dim=-1, sorted=False)[1]
-    mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-    mask = mask.unsqueeze(-1).expand(n, n_group, e // n_group).reshape(n, e)
-    ids = choice.masked_fill(mask == 0, float("-inf")).topk(topk, dim=-1, sorted=False)[1]
-    w = scores.gather(1, ids)
-    w = w / (w.sum(-1, keepdim=True) + 1e-20)
-    return w.float(), ids.to(torch.int32)
-
-
 def stale_lds_words(rows: int, cols: int, seed: int, device: torch.device) -> torch.Tensor:
     """What the check puts where device code would read uninitialized shared memory:
     int32 words from a fixed seed (so every run, and the tests, see the same garbage)."""
@@ -171,8 +153,8 @@ def hip_router_for(
     as SGLang runs it on AMD, including what the HIP router does with a NaN row.
 
     Rows with a finite score are routed by SGLang's own ``biased_grouped_topk_impl`` (the
-    module's function, so the release under test decides the math; a plain-torch copy
-    stands in only where a release lacks it).
+    module's function, so the release under test decides the math; every release from
+    0.5.10 to 0.5.23 has it).
 
     Rows whose scores are all NaN (garbage activations in padded rows) get what aiter's
     HIP ``biased_grouped_topk_kernel`` (``csrc/kernels/topk_softmax_kernels_group.cu``)
@@ -184,6 +166,11 @@ def hip_router_for(
     ids as int32 and the weights as the same kind of words read as float32.
     """
     impl = getattr(topk_module, "biased_grouped_topk_impl", None)
+    if impl is None:
+        raise RuntimeError(
+            f"{getattr(topk_module, '__file__', topk_module)} has no biased_grouped_topk_impl: "
+            "the check routes with SGLang's own grouped router and cannot run on this release"
+        )
     impl = getattr(impl, "_torchdynamo_orig_callable", impl)
     calls = {"n": 0}
 
@@ -194,18 +181,15 @@ def hip_router_for(
         renormalize: bool,
         **_: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if impl is not None:
-            w, ids = impl(
-                hidden_states,
-                gating_output,
-                bias,
-                topk,
-                renormalize,
-                cfg.n_group,
-                cfg.topk_group,
-            )
-        else:
-            w, ids = _grouped_topk_torch(gating_output, bias, topk, cfg.n_group, cfg.topk_group)
+        w, ids = impl(
+            hidden_states,
+            gating_output,
+            bias,
+            topk,
+            renormalize,
+            cfg.n_group,
+            cfg.topk_group,
+        )
         w, ids = w.float().contiguous(), ids.to(torch.int32).contiguous()
         nan_rows = torch.isnan(gating_output.float()).all(dim=-1)
         if bool(nan_rows.any()):
