@@ -2,7 +2,7 @@
 
 The stand-in (``tests/aiter_standin``) is put on ``sys.path`` only here and in the
 subprocesses these tests start; it is never installed. Switching shapes in one process
-means forgetting every ``aiter`` module (the stand-in reads ``AITER_STANDIN_SHAPE`` at
+means forgetting every ``aiter`` module (the stand-in reads ``SGLANG_AMD_MOE_AITER_STANDIN_SHAPE`` at
 import) and undoing the hook (:func:`sglang_amd_moe.aiter_hook.uninstall`).
 """
 
@@ -30,7 +30,7 @@ def load_aiter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Module
     monkeypatch.syspath_prepend(str(STANDIN))
 
     def load(shape: str, hook_first: bool | None = True) -> ModuleType:
-        monkeypatch.setenv("AITER_STANDIN_SHAPE", shape)
+        monkeypatch.setenv("SGLANG_AMD_MOE_AITER_STANDIN_SHAPE", shape)
         if hook_first:
             assert aiter_hook.install() == "pending"
         import aiter.fused_moe as fm

@@ -56,7 +56,7 @@ def standin(monkeypatch):
     monkeypatch.syspath_prepend(str(STANDIN))
 
     def load(shape: str):
-        monkeypatch.setenv("AITER_STANDIN_SHAPE", shape)
+        monkeypatch.setenv("SGLANG_AMD_MOE_AITER_STANDIN_SHAPE", shape)
         assert aiter_hook.install() == "pending"
         import aiter.fused_moe as fm
 

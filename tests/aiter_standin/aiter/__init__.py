@@ -18,7 +18,7 @@ Every sort writes BRIEF section 2's output contract through this project's plain
 reference ``sglang_amd_moe.kernels.mxfp4_moe_sort_reference``. The MoE GEMM stages,
 quantisation, tuned-config CSVs and the JIT are not reproduced (see ``fused_moe``).
 
-``AITER_STANDIN_SHAPE`` (read here, at import) selects which upstream tree
+``SGLANG_AMD_MOE_AITER_STANDIN_SHAPE`` (read here, at import) selects which upstream tree
 ``aiter.fused_moe`` stands for; each tree is a separate file under ``_shapes/`` so that
 its text classifies as that tree would (``sglang_amd_moe.aiter_forms``):
 
@@ -38,9 +38,9 @@ import logging
 import os
 
 SHAPES = ("count-dropped", "count-rejected", "no-rocm")
-STANDIN_SHAPE = os.environ.get("AITER_STANDIN_SHAPE", "count-dropped")
+STANDIN_SHAPE = os.environ.get("SGLANG_AMD_MOE_AITER_STANDIN_SHAPE", "count-dropped")
 if STANDIN_SHAPE not in SHAPES:
-    raise ValueError(f"AITER_STANDIN_SHAPE must be one of {SHAPES}, got {STANDIN_SHAPE!r}")
+    raise ValueError(f"SGLANG_AMD_MOE_AITER_STANDIN_SHAPE must be one of {SHAPES}, got {STANDIN_SHAPE!r}")
 if STANDIN_SHAPE == "no-rocm":
     # What the real package does off ROCm (its JIT reads the ROCm version file).
     raise FileNotFoundError(
