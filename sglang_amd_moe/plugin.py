@@ -18,23 +18,32 @@ logger = logging.getLogger("sglang_amd_moe")
 _AITER_MISSING_LOGGED = False
 
 
+class _UntilRootConfigured(logging.Filter):
+    """Passes records only while the root logger has no handler of its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
 def _make_log_visible() -> None:
-    """Give this package's log lines a stderr handler when nothing else would print them.
+    """Give this package's log lines a stderr handler until the process configures logging.
 
     SGLang runs ``load_plugins()`` in each process before it configures logging, so the
     one INFO line saying what was found and done would otherwise be dropped (Python's
-    last-resort handler prints WARNING and above only). When neither our logger nor the
-    root logger has a handler, ours gets one of its own and stops propagating, so the
-    line is printed exactly once even after SGLang configures the root logger later.
+    last-resort handler prints WARNING and above only). Our handler prints only while the
+    root logger has no handler; once SGLang (or anyone) configures logging, records
+    propagate to its handlers as usual and ours stays silent, so nothing prints twice.
     """
-    if logger.handlers or logging.getLogger().handlers:
+    if any(isinstance(f, _UntilRootConfigured) for h in logger.handlers for f in h.filters):
+        return
+    if logging.getLogger().handlers:
         return
     handler = logging.StreamHandler()
+    handler.addFilter(_UntilRootConfigured())
     handler.setFormatter(logging.Formatter("[%(asctime)s %(process)d] %(name)s %(levelname)s: %(message)s"))
     logger.addHandler(handler)
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
-    logger.propagate = False
 
 
 def register() -> None:
