@@ -84,6 +84,25 @@ def check_routing_2d(name: str, x: torch.Tensor, dtypes: tuple[torch.dtype, ...]
         )
 
 
+def check_routing_pair(
+    weights_name: str, topk_ids: object, weights: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk_ids`` and its weights (named ``weights_name``, as each API names them): both
+    2-D routing tensors of the allowed dtypes, of one shape, on one device."""
+    topk_ids = check_tensor("topk_ids", topk_ids)
+    weights = check_tensor(weights_name, weights)
+    check_routing_2d("topk_ids", topk_ids, ID_DTYPES)
+    check_routing_2d(weights_name, weights, WEIGHT_DTYPES)
+    if topk_ids.shape != weights.shape:
+        raise ValueError(
+            f"topk_ids and {weights_name} must have the same shape, got "
+            f"{tuple(topk_ids.shape)} and {tuple(weights.shape)}"
+        )
+    if topk_ids.device != weights.device:
+        raise ValueError(f"topk_ids is on {topk_ids.device} but {weights_name} is on {weights.device}")
+    return topk_ids, weights
+
+
 def check_mask_args(
     topk_ids: object,
     topk_weights: object,
@@ -91,19 +110,7 @@ def check_mask_args(
     fill_value: object,
 ) -> torch.Tensor | None:
     """Validate ``mask_padded_rows_`` arguments; return the count tensor (or None)."""
-    topk_ids = check_tensor("topk_ids", topk_ids)
-    topk_weights = check_tensor("topk_weights", topk_weights)
-    check_routing_2d("topk_ids", topk_ids, ID_DTYPES)
-    check_routing_2d("topk_weights", topk_weights, WEIGHT_DTYPES)
-    if topk_ids.shape != topk_weights.shape:
-        raise ValueError(
-            "topk_ids and topk_weights must have the same shape, got "
-            f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}"
-        )
-    if topk_ids.device != topk_weights.device:
-        raise ValueError(
-            f"topk_ids is on {topk_ids.device} but topk_weights is on {topk_weights.device}"
-        )
+    topk_ids, topk_weights = check_routing_pair("topk_weights", topk_ids, topk_weights)
     info = torch.iinfo(topk_ids.dtype)
     check_int("fill_value", fill_value, info.min, info.max)
     return check_count("num_token_non_padded", num_token_non_padded, topk_ids.device)
@@ -177,22 +184,12 @@ def check_sort_args(
     if p not in SORT_PROLOGUES:
         raise ValueError(f"prologue must be one of {SORT_PROLOGUES}, got {p}")
 
-    topk_ids = check_tensor("topk_ids", topk_ids)
-    topk_weight = check_tensor("topk_weight", topk_weight)
-    check_routing_2d("topk_ids", topk_ids, ID_DTYPES)
-    check_routing_2d("topk_weight", topk_weight, WEIGHT_DTYPES)
-    if topk_ids.shape != topk_weight.shape:
-        raise ValueError(
-            "topk_ids and topk_weight must have the same shape, got "
-            f"{tuple(topk_ids.shape)} and {tuple(topk_weight.shape)}"
-        )
+    topk_ids, topk_weight = check_routing_pair("topk_weight", topk_ids, topk_weight)
     if topk_ids.shape[1] != k:
         raise ValueError(f"topk_ids has {topk_ids.shape[1]} columns but TOPK={k}")
     if topk_ids.shape[0] < m:
         raise ValueError(f"topk_ids has {topk_ids.shape[0]} rows but M_logical={m}")
     device = topk_ids.device
-    if topk_weight.device != device:
-        raise ValueError(f"topk_weight is on {topk_weight.device}, expected {device}")
 
     bound = max_sorted_size(m, k, ne, mb)
     _check_out("sorted_token_ids", sorted_token_ids, torch.int32, bound, device)
