@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -401,11 +400,6 @@ def _topk_path() -> Path | None:
         if p.is_file():
             return p
     return None
-
-
-def source_sha256(text: str) -> str:
-    """sha256 of a text (the audit names functions by it)."""
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------------ call
