@@ -26,11 +26,14 @@ and nothing here is CUDA-only. :func:`sort_plan` says what a shape launches.
 * Single launch, when ``next_pow2(M * TOPK) <= 64`` and ``next_pow2(M * TOPK) *
   next_pow2(NE + 1) <= 16384`` (at NE 513/896 that is M = 1 with TOPK 9..16): the
   place kernel counts the experts itself.
-* Otherwise four launches on the stream: a memset of the int32 scratch's count rows;
-  the count kernel (one program per chunk) writes each pair's in-chunk rank and each
-  chunk's per-expert counts; the offsets kernel (one program per 32 experts) turns the
-  counts, in place, into each chunk's offset per expert and appends per-expert totals;
-  the place kernel (one program per chunk) writes the pairs.
+* Otherwise the count kernel (one program per chunk) zeroes its chunk's row of an
+  int32 count table, then writes each pair's in-chunk rank and the chunk's count of
+  each present expert; then the place kernel (one program per chunk) writes the pairs.
+  Each pair needs its chunk's offset per expert (the counts of the earlier chunks) and
+  every expert's total. While the count table has at most ``INLINE_OFFSETS_MAX_ELEMS``
+  values (``chunks * next_pow2(NE + 1)``), each place program sums it itself: two
+  launches. Past that, an offsets kernel between the two (one program per few experts)
+  turns the counts, in place, into each chunk's offsets and appends the totals: three.
 
 The place kernel's grid also has programs that fill the gap slots of 64 experts each,
 and programs that zero ``bf16_zero_out`` (stage 2 accumulates into it), so the zeroing
@@ -71,15 +74,34 @@ SMALL_BATCH_PAIRS = 2048
 # expert in one [next_pow2(NE + 1), pairs] comparison: used while that has at most
 # SINGLE_MAX_ELEMS values.
 SINGLE_MAX_ELEMS = 16384
-# Offsets kernel: experts per program, chunk rows per step.
-OFFSET_EXPERTS = 32
-OFFSET_ROWS = 64
+# Offsets kernel: each program scans OFFSET_TILE values per step, rows (chunks) x experts:
+# as many chunk rows as there are chunks, up to OFFSET_MAX_ROWS, so that large batches
+# take few serial steps (each step waits on its loads) and get more programs.
+OFFSET_TILE = 2048
+OFFSET_MAX_ROWS = 512
+# While the per-chunk count table ([chunks, next_pow2(NE + 1)]) has at most this many
+# values, every place program sums it itself (its chunk's offsets and the totals) and
+# the offsets kernel is not launched: a launch costs more than the redundant reads.
+INLINE_OFFSETS_MAX_ELEMS = 16384
+# Count-table values one place program reads per step on the inline-offsets path.
+INLINE_OFFSETS_TILE = 4096
+# The count kernel zeroes its chunk's row of the count table in tiles of this many.
+COUNT_ROW_TILE = 1024
 # Experts whose gap slots one program fills.
 GAP_EXPERTS = 64
 # bf16_zero_out elements one zeroing program clears, in tiles of ZERO_TILE.
 ZERO_PER_PROGRAM = 32768
 ZERO_TILE = 4096
-NUM_WARPS = 4
+# Warps per program of the count, offsets and place kernels. The count kernel's
+# [chunk, chunk] comparison is its cost: with 8 warps it was faster with a count at every
+# shape measured on an H200 (M 512-16384; e.g. 60.9 against 61.9 us at 896/16 M 16384),
+# and without a count faster at 257/9 and 513/11 but slower at 896/16 from M 4096 on.
+COUNT_NUM_WARPS = 8
+OFFSETS_NUM_WARPS = 4
+PLACE_NUM_WARPS = 4
+# The single-launch path compares a [next_pow2(NE + 1), pairs] tile in one program: more
+# warps share it (measured faster on an H200 at M = 1, NE 513 and 896).
+SINGLE_NUM_WARPS = 8
 
 
 @triton.jit
@@ -117,21 +139,36 @@ def _sort_count_kernel(
     NE: tl.constexpr,
     K: tl.constexpr,
     CH: tl.constexpr,
+    ZT: tl.constexpr,
     HAS_COUNT: tl.constexpr,
 ):
     """For chunk ``pid``: each pair's rank among the earlier pairs of its expert in the
-    chunk (-> ``rank_ptr``), and each present expert's count (-> scratch row ``pid``,
-    zeroed beforehand; the last pair of an expert writes it, so no two lanes collide)."""
+    chunk (-> ``rank_ptr``), and the chunk's count of every expert (-> scratch row
+    ``pid``: zeroed here, then each present expert's count, written by its last pair so
+    no two lanes collide)."""
     chunk = tl.program_id(0)
+    row = scratch_ptr + chunk.to(tl.int64) * NE
+    # Zero the row here rather than with a memset launch before this kernel (a launch
+    # costs more than the stores). The barrier orders these stores before the counts.
+    for z0 in range(0, NE, ZT):
+        z = z0 + tl.arange(0, ZT)
+        tl.store(row + z, tl.zeros([ZT], dtype=tl.int32), mask=z < NE)
     n = _real_rows(count_ptr, M, HAS_COUNT)
     lane = tl.arange(0, CH)
-    e = _expert_of(ids_ptr, chunk * CH + lane, n * K, M * K, stride_ids, NE, K)
+    idx = chunk * CH + lane
+    # The ranks do not depend on the count: padded pairs come after every real pair, so
+    # a real pair's earlier pairs are all real. Only the counts mask the padded pairs
+    # out, so the comparisons run while the count is still being loaded.
+    all_pairs = M * K
+    e = _expert_of(ids_ptr, idx, all_pairs, all_pairs, stride_ids, NE, K)
     same = e[:, None] == e[None, :]
     rank = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
-    count = tl.sum(same.to(tl.int32), axis=1)
+    real = idx < n * K
+    count = tl.sum((same & real[None, :]).to(tl.int32), axis=1)
     tl.store(rank_ptr + chunk.to(tl.int64) * CH + lane, rank)
-    row = scratch_ptr + chunk.to(tl.int64) * NE
-    tl.store(row + e, count, mask=(e < NE) & (rank == count - 1))
+    tl.debug_barrier()
+    # The last real pair of each present expert writes its count.
+    tl.store(row + e, count, mask=real & (e < NE) & (rank == count - 1))
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
@@ -185,8 +222,10 @@ def _sort_place_kernel(
     GE: tl.constexpr,
     ZCH: tl.constexpr,
     ZB: tl.constexpr,
+    RT: tl.constexpr,
     HAS_COUNT: tl.constexpr,
     SINGLE: tl.constexpr,
+    INLINE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < num_sort_programs:
@@ -200,6 +239,20 @@ def _sort_place_kernel(
             e_chunk = _expert_of(ids_ptr, lane, real_pairs, all_pairs, stride_ids, NE, K)
             totals = tl.sum((e_chunk[None, :] == experts[:, None]).to(tl.int32), axis=1)
             totals = tl.where(experts < NE, totals, 0)
+        elif INLINE:
+            # Sum the count table here: every expert's total, and this chunk's offset
+            # per expert (the counts of the chunks before it).
+            totals = tl.zeros([NE_B], dtype=tl.int32)
+            before = tl.zeros([NE_B], dtype=tl.int32)
+            for r0 in range(0, num_chunks, RT):
+                r = r0 + tl.arange(0, RT)
+                counts = tl.load(
+                    scratch_ptr + r.to(tl.int64)[:, None] * NE + experts[None, :],
+                    mask=(r < num_chunks)[:, None] & (experts < NE)[None, :],
+                    other=0,
+                )
+                totals += tl.sum(counts, axis=0)
+                before += tl.sum(tl.where((r < pid)[:, None], counts, 0), axis=0)
         else:
             totals = tl.load(
                 scratch_ptr + num_chunks.to(tl.int64) * NE + experts,
@@ -214,23 +267,30 @@ def _sort_place_kernel(
 
         if pid < num_chunks:
             # Place the chunk's pairs: rank among earlier pairs of the same expert.
+            # Everything up to the stores is independent of the count (padded pairs come
+            # after every real pair, so a real pair's rank and offset never involve
+            # them), so these loads are in flight together with the count's.
             idx = pid * CH + lane
-            e = _expert_of(ids_ptr, idx, real_pairs, all_pairs, stride_ids, NE, K)
-            ok = e < NE
+            e = _expert_of(ids_ptr, idx, all_pairs, all_pairs, stride_ids, NE, K)
+            known = e < NE
+            tok = idx // K
+            k_slot = idx - tok * K
+            w = tl.load(w_ptr + tok.to(tl.int64) * stride_w + k_slot, mask=known, other=0.0)
             if SINGLE:
                 earlier = lane[None, :] < lane[:, None]
                 rank = tl.sum(((e[:, None] == e[None, :]) & earlier).to(tl.int32), axis=1)
                 slot = tl.gather(start, e, 0) + rank
+            elif INLINE:
+                rank = tl.load(rank_ptr + pid.to(tl.int64) * CH + lane)
+                slot = tl.gather(start + before, e, 0) + rank
             else:
                 # rank from the count kernel; the chunk's offset from the offsets kernel
                 rank = tl.load(rank_ptr + pid.to(tl.int64) * CH + lane)
-                first = tl.load(scratch_ptr + pid.to(tl.int64) * NE + e, mask=ok, other=0)
+                first = tl.load(scratch_ptr + pid.to(tl.int64) * NE + e, mask=known, other=0)
                 slot = tl.gather(start, e, 0) + first + rank
-            tok = idx // K
-            k_slot = idx - tok * K
+            ok = known & (idx < real_pairs)
             tl.store(sorted_token_ids_ptr + slot, tok | (k_slot << 24), mask=ok)
             tl.store(m_indices_ptr + slot, tok, mask=ok)
-            w = tl.load(w_ptr + tok.to(tl.int64) * stride_w + k_slot, mask=ok, other=0.0)
             tl.store(sorted_weights_ptr + slot, w.to(tl.float32), mask=ok)
             # Every block of an expert begins with a real pair: it names the block.
             tl.store(sorted_expert_ids_ptr + slot // B, e, mask=ok & (slot % B == 0))
@@ -265,41 +325,44 @@ def _sort_place_kernel(
 class SortPlan:
     """How :func:`mxfp4_moe_sort` launches for one shape (it depends on shapes only)."""
 
-    single: bool  # place kernel only, or memset + count + offsets + place
-    launches: int  # launches on the stream, the scratch memset included (1 or 4)
+    single: bool  # place kernel only (it counts the experts itself)
+    inline_offsets: bool  # count + place, the place kernel sums the count table itself
+    launches: int  # 1 (single), 2 (count, place) or 3 (count, offsets, place)
     chunks: int  # pair chunks: count-kernel programs and pair-placing programs
     chunk_pairs: int  # pairs per chunk (a power of two)
     gap_programs: int  # place programs that fill gap slots (GAP_EXPERTS experts each)
     zero_programs: int  # place programs that zero bf16_zero_out
-    offset_programs: int  # offsets-kernel programs (OFFSET_EXPERTS experts each)
+    offset_rows: int  # offsets kernel: chunk rows per step
+    offset_experts: int  # offsets kernel: experts per program
     scratch_elems: int  # int32 scratch: counts [chunks, NE] | totals [NE] | ranks [pairs]
-    zeroed_elems: int  # leading scratch elements (the counts) zeroed by the memset
 
 
 def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0) -> SortPlan:
     """The launch plan for ``M`` rows of ``TOPK`` pairs over ``NE`` experts."""
     pairs = max(M * TOPK, 1)
     pairs_p2 = triton.next_power_of_2(pairs)
-    single = (
-        pairs_p2 <= CHUNK_PAIRS
-        and pairs_p2 * triton.next_power_of_2(NE + 1) <= SINGLE_MAX_ELEMS
-    )
+    experts_p2 = triton.next_power_of_2(NE + 1)
+    single = pairs_p2 <= CHUNK_PAIRS and pairs_p2 * experts_p2 <= SINGLE_MAX_ELEMS
     if single:
         chunk = pairs_p2
     else:
         chunk = SMALL_BATCH_CHUNK_PAIRS if pairs <= SMALL_BATCH_PAIRS else CHUNK_PAIRS
         chunk = min(chunk, pairs_p2)
     chunks = triton.cdiv(pairs, chunk)
+    inline = not single and chunks * experts_p2 <= INLINE_OFFSETS_MAX_ELEMS
+    offset_rows = min(triton.next_power_of_2(chunks), OFFSET_MAX_ROWS)
+    offset_experts = max(1, min(OFFSET_TILE // offset_rows, triton.next_power_of_2(NE)))
     return SortPlan(
         single=single,
-        launches=1 if single else 4,
+        inline_offsets=inline,
+        launches=1 if single else 2 if inline else 3,
         chunks=chunks,
         chunk_pairs=chunk,
         gap_programs=triton.cdiv(NE, GAP_EXPERTS),
         zero_programs=triton.cdiv(zero_numel, ZERO_PER_PROGRAM),
-        offset_programs=0 if single else triton.cdiv(NE, OFFSET_EXPERTS),
+        offset_rows=offset_rows,
+        offset_experts=offset_experts,
         scratch_elems=0 if single else (chunks + 1) * NE + chunks * chunk,
-        zeroed_elems=0 if single else chunks * NE,
     )
 
 
@@ -358,6 +421,7 @@ def mxfp4_moe_sort(
 
     zero_numel = bf16_zero_out.numel()
     plan = sort_plan(m, ne, k, zero_numel)
+    experts_p2 = triton.next_power_of_2(ne + 1)
     has_count = count is not None
     count_arg = count if has_count else cumsum_tensor  # placeholder when there is none
     with device_guard(device):
@@ -367,7 +431,6 @@ def mxfp4_moe_sort(
             buf = torch.empty(plan.scratch_elems, dtype=torch.int32, device=device)
             ranks_at = plan.scratch_elems - plan.chunks * plan.chunk_pairs
             scratch, ranks = buf[:ranks_at], buf[ranks_at:]
-            buf[: plan.zeroed_elems].zero_()  # the count kernel writes present experts only
             _sort_count_kernel[(plan.chunks,)](
                 topk_ids,
                 count_arg,
@@ -378,17 +441,19 @@ def mxfp4_moe_sort(
                 NE=ne,
                 K=k,
                 CH=plan.chunk_pairs,
+                ZT=min(COUNT_ROW_TILE, triton.next_power_of_2(ne)),
                 HAS_COUNT=has_count,
-                num_warps=NUM_WARPS,
+                num_warps=COUNT_NUM_WARPS,
             )
-            _sort_offsets_kernel[(plan.offset_programs,)](
-                scratch,
-                plan.chunks,
-                NE=ne,
-                ES=OFFSET_EXPERTS,
-                ROWS=OFFSET_ROWS,
-                num_warps=NUM_WARPS,
-            )
+            if not plan.inline_offsets:
+                _sort_offsets_kernel[(triton.cdiv(ne, plan.offset_experts),)](
+                    scratch,
+                    plan.chunks,
+                    NE=ne,
+                    ES=plan.offset_experts,
+                    ROWS=plan.offset_rows,
+                    num_warps=OFFSETS_NUM_WARPS,
+                )
         sort_programs = plan.chunks + plan.gap_programs
         _sort_place_kernel[(sort_programs + plan.zero_programs,)](
             topk_ids,
@@ -412,14 +477,16 @@ def mxfp4_moe_sort(
             NE=ne,
             K=k,
             B=mb,
-            NE_B=triton.next_power_of_2(ne + 1),
+            NE_B=experts_p2,
             CH=plan.chunk_pairs,
             GE=GAP_EXPERTS,
             ZCH=ZERO_PER_PROGRAM,
             ZB=ZERO_TILE,
+            RT=max(1, INLINE_OFFSETS_TILE // experts_p2),
             HAS_COUNT=has_count,
             SINGLE=plan.single,
-            num_warps=NUM_WARPS,
+            INLINE=plan.inline_offsets,
+            num_warps=SINGLE_NUM_WARPS if plan.single else PLACE_NUM_WARPS,
         )
     if bf16_zero_workspace.numel() > 0:
         bf16_zero_workspace.zero_()

@@ -281,12 +281,24 @@ def test_out_of_range_ids_are_dropped() -> None:
 
 
 def test_multi_program_path_large_batch() -> None:
-    """M = 4096: the four-launch path with many chunks and programs."""
+    """M = 4096: the three-launch path (offsets kernel) with many chunks and programs."""
     plan = sort_plan(4096, 64, 4)
-    assert not plan.single and plan.launches == 4 and plan.chunks >= 128
+    assert not plan.single and not plan.inline_offsets and plan.launches == 3
+    assert plan.chunks >= 128
     ids, w = _routing(4096, 64, 4, 4000, seed=9, bad_ids=0.01)
     _check(ids, w, 4096, 64, 4, 16, _count(4000), zero_cols=8)
     _check(ids, w, 4096, 64, 4, 128, None)
+
+
+@pytest.mark.parametrize(("M", "NE", "K", "n"), [(4, 513, 11, 3), (40, 257, 9, 29), (200, 64, 8, 111)])
+def test_inline_offsets_path(M: int, NE: int, K: int, n: int) -> None:
+    """Two launches: the place kernel sums the count table itself (several steps of
+    ``INLINE_OFFSETS_TILE`` for the larger shapes)."""
+    plan = sort_plan(M, NE, K)
+    assert plan.inline_offsets and plan.launches == 2 and plan.chunks > 1
+    ids, w = _routing(M, NE, K, n, seed=M)
+    _check(ids, w, M, NE, K, 16, _count(n), zero_cols=8)
+    _check(ids, w, M, NE, K, 32, None)
 
 
 def test_m_65536() -> None:
