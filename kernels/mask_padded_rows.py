@@ -36,7 +36,10 @@ from .reference import mask_padded_rows_reference_
 # tensors (consecutive elements), ROWS_BLOCK for strided rows (rows x padded columns).
 FLAT_BLOCK = 512
 ROWS_BLOCK = 512
-NUM_WARPS = 4
+# Flat path: 8 warps (2 elements per thread) measured fastest on an H200 at every M
+# (1.21-1.49 us in graph replay, against 1.23-1.52 with 4 warps); strided path: 4.
+FLAT_NUM_WARPS = 8
+ROWS_NUM_WARPS = 4
 
 
 @triton.jit
@@ -52,22 +55,30 @@ def _mask_padded_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FLAT: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
-    n = tl.load(count_ptr).to(tl.int64)
-    n = tl.minimum(tl.maximum(n, 0), num_rows)
     if FLAT:
         # Both tensors are contiguous: the padded rows are one contiguous range of
         # elements [n * cols, rows * cols); BLOCK_M * BLOCK_K elements per program.
-        start = tl.program_id(0).to(tl.int64) * (BLOCK_M * BLOCK_K)
-        first_padded = n * num_cols
-        if start + BLOCK_M * BLOCK_K > first_padded:
-            offs = start + tl.arange(0, BLOCK_M * BLOCK_K)
-            mask = (offs >= first_padded) & (offs < num_rows * num_cols)
-            ids = tl.zeros([BLOCK_M * BLOCK_K], dtype=ids_ptr.dtype.element_ty) + fill_value
-            tl.store(ids_ptr + offs, ids.to(ids_ptr.dtype.element_ty), mask=mask)
-            zeros = tl.zeros([BLOCK_M * BLOCK_K], dtype=weights_ptr.dtype.element_ty)
-            tl.store(weights_ptr + offs, zeros, mask=mask)
+        # Offsets are int32 unless the tensors have 2**31 elements or more (WIDE), and
+        # the stores are masked rather than branched around: both measured a little
+        # faster, and a program whose elements are all real then writes nothing.
+        # Clamp in int64 before narrowing: an int64 count past 2**31 must not wrap.
+        n = tl.minimum(tl.maximum(tl.load(count_ptr).to(tl.int64), 0), num_rows)
+        if WIDE:
+            start = tl.program_id(0).to(tl.int64) * (BLOCK_M * BLOCK_K)
+        else:
+            n = n.to(tl.int32)
+            start = tl.program_id(0) * (BLOCK_M * BLOCK_K)
+        offs = start + tl.arange(0, BLOCK_M * BLOCK_K)
+        mask = (offs >= n * num_cols) & (offs < num_rows * num_cols)
+        ids = tl.zeros([BLOCK_M * BLOCK_K], dtype=ids_ptr.dtype.element_ty) + fill_value
+        tl.store(ids_ptr + offs, ids.to(ids_ptr.dtype.element_ty), mask=mask)
+        zeros = tl.zeros([BLOCK_M * BLOCK_K], dtype=weights_ptr.dtype.element_ty)
+        tl.store(weights_ptr + offs, zeros, mask=mask)
     else:
+        n = tl.load(count_ptr).to(tl.int64)
+        n = tl.minimum(tl.maximum(n, 0), num_rows)
         # Strided rows (e.g. column slices): BLOCK_M rows x next_pow2(cols) per program.
         row0 = tl.program_id(0) * BLOCK_M
         # Programs whose rows are all real (the common case) write nothing.
@@ -153,7 +164,8 @@ def _launch_mask(
             BLOCK_M=block_m,
             BLOCK_K=block_k,
             FLAT=flat,
-            num_warps=NUM_WARPS,
+            WIDE=num_rows * num_cols >= 2**31,
+            num_warps=FLAT_NUM_WARPS if flat else ROWS_NUM_WARPS,
         )
 
 

@@ -119,6 +119,23 @@ def test_int64_count_beyond_int32() -> None:
     _check(ids, w, _count(-(2**40), torch.int64))
 
 
+@pytest.mark.parametrize("n", [0, 5, 2**40, -(2**40)])
+def test_wide_offsets_path_matches_reference(n: int) -> None:
+    """Tensors of 2**31 elements or more take int64 offsets (WIDE), too large to allocate
+    in a test: launch that path on a small tensor, as ``_launch_mask`` would for a huge one."""
+    M, K = 37, 11
+    ids, w = _inputs(M, K, torch.int64, torch.bfloat16, seed=4)
+    ref_ids, ref_w = ids.clone(), w.clone()
+    count = _count(n, torch.int64)
+    mask_padded_rows_reference_(ref_ids, ref_w, count, 2)
+    grid, block_m, block_k = mask_mod.mask_launch_config(M, K, flat=True)
+    mask_mod._mask_padded_rows_kernel[(grid,)](
+        ids, w, count, M, K, K, K, 2, BLOCK_M=block_m, BLOCK_K=block_k, FLAT=True, WIDE=True
+    )
+    assert torch.equal(ids, ref_ids)
+    assert torch.equal(_bits(w), _bits(ref_w))
+
+
 def test_column_slice_with_row_stride() -> None:
     """Routing tensors that are column slices of wider buffers: only the slice changes."""
     ids_buf, w_buf = _inputs(40, 13, torch.int32, torch.float16, seed=3)
