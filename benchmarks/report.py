@@ -159,7 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     ap.add_argument("--plots-dir", type=Path, default=REPO / "docs")
     ap.add_argument("--note", action="append", default=[], help="a caveat to print under the header")
+    ap.add_argument("--notes-file", type=Path,
+                    help="caveats to print under the header, one paragraph each (blank-line separated)")
     a = ap.parse_args(argv)
+    if a.notes_file:
+        a.note += [" ".join(p.split()) for p in a.notes_file.read_text().split("\n\n") if p.strip()]
     doc = json.loads(a.results.read_text())
     results = doc["results"]
     idx = index(results)
@@ -174,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Method: {json.dumps(doc['method'])}. `benchmarks/run.py` says how each peer is called.",
         "",
     ]
-    lines += [f"> {note}" for note in a.note] + ([""] if a.note else [])
+    for note in a.note:
+        lines += [f"> {note}", ""]
     for name in plots:
         lines += [f"![{name}]({name})", ""]
     if not plots:

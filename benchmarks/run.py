@@ -14,8 +14,11 @@ Peers' sources come from ``benchmarks/_peers/`` (``extract_peers.py``; never com
 Output: one JSON document (device, versions, date, flat ``results`` records
 ``{kernel, impl, M, topk, num_experts, block, padded, mode, us}``) to ``--out``.
 
-Timing: graph mode captures ``GRAPH_CALLS`` back-to-back calls in one CUDA graph, replays
-it ``REPLAYS`` times between CUDA events and reports the median per call; eager mode
+Timing: graph mode captures ``GRAPH_CALLS`` back-to-back calls of each implementation in
+its own CUDA graph, replays the graphs of one configuration in turn ``REPLAYS`` times
+(interleaved and shuffled, so all see the same clocks, queued behind a sleep kernel so
+the GPU never waits for the host) between CUDA events and reports each one's median per
+call; eager mode
 times ``EAGER_CALLS`` back-to-back calls between events, ``EAGER_REPEATS`` times, median
 per call. Inputs stay resident (decode-sized tensors live in L2 in a real server too).
 """
@@ -26,6 +29,7 @@ import argparse
 import datetime as dt
 import importlib.util
 import json
+import random
 import statistics
 import sys
 from collections.abc import Callable
@@ -41,9 +45,13 @@ from peers_torch import torch_argsort_sort  # noqa: E402
 from sglang_amd_moe.kernels import mask_padded_rows_, mxfp4_moe_sort  # noqa: E402
 
 GRAPH_CALLS = 20
-REPLAYS = 15
+REPLAYS = 40
 EAGER_CALLS = 20
 EAGER_REPEATS = 3
+# Sleep queued before the interleaved replays, per replay to queue (~2 GHz clock: 60 us,
+# more than the host takes to queue one), capped at ~0.25 s.
+SLEEP_CYCLES_PER_REPLAY = 120_000
+MAX_SLEEP_CYCLES = 500_000_000
 
 MASK_M = [1, 8, 64, 256, 1024, 4096, 16384]
 MASK_TOPK = [8, 11]
@@ -62,32 +70,6 @@ def _load_peer(name: str):
     return mod
 
 
-def time_graph(fn: Callable[[], None]) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPH_CALLS):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(REPLAYS):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / GRAPH_CALLS)
-    del graph
-    return statistics.median(samples)
-
-
 def time_eager(fn: Callable[[], None]) -> float:
     for _ in range(5):
         fn()
@@ -102,6 +84,62 @@ def time_eager(fn: Callable[[], None]) -> float:
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1000.0 / EAGER_CALLS)
     return statistics.median(samples)
+
+
+def capture_graph(fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """Warm ``fn`` up on a side stream (compiles), then capture ``GRAPH_CALLS`` calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_interleaved(graphs: dict[str, torch.cuda.CUDAGraph]) -> dict[str, float]:
+    """Median us per call of each graph, the graphs replayed in turn ``REPLAYS`` times.
+
+    Interleaving the replays of every implementation of one configuration means they
+    all see the same clocks; timed one after the other, a drift of the GPU's clock
+    between them shows up as a difference of a few percent. The order is shuffled each
+    round (fixed seed), so no implementation always follows the same one. A sleep kernel
+    queued first keeps the GPU busy while the host queues every replay: the GPU then
+    runs them back to back, and no time waiting for the host lands between the events.
+    """
+    names = list(graphs)
+    order = random.Random(0)
+    events = {name: [] for name in names}
+    torch.cuda.synchronize()
+    torch.cuda._sleep(min(SLEEP_CYCLES_PER_REPLAY * len(names) * REPLAYS, MAX_SLEEP_CYCLES))
+    for _ in range(REPLAYS):
+        order.shuffle(names)
+        for name in names:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[name].replay()
+            end.record()
+            events[name].append((start, end))
+    torch.cuda.synchronize()
+    return {
+        name: statistics.median(s.elapsed_time(e) * 1000.0 / GRAPH_CALLS for s, e in pairs)
+        for name, pairs in events.items()
+    }
+
+
+def time_graphs(fns: dict[str, Callable[[], None]]) -> dict[str, float]:
+    """Graph-replay us per call of each implementation of one configuration."""
+    graphs = {name: capture_graph(fn) for name, fn in fns.items()}
+    times = replay_interleaved(graphs)
+    del graphs
+    return times
 
 
 def mask_impls(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, fill_mod) -> dict[str, Callable[[], None]]:
@@ -129,10 +167,12 @@ def bench_mask(results: list[dict], fill_mod) -> None:
             ids = torch.randint(0, 256, (M, topk), dtype=torch.int32, device=dev)
             w = torch.rand(M, topk, dtype=torch.float32, device=dev)
             count = torch.tensor([M // 2], dtype=torch.int32, device=dev)
-            for impl, fn in mask_impls(ids, w, count, fill_mod).items():
-                for mode, timer in (("graph", time_graph), ("eager", time_eager)):
+            impls = mask_impls(ids, w, count, fill_mod)
+            graph_us = time_graphs(impls)
+            for impl, fn in impls.items():
+                for mode, us in (("graph", graph_us[impl]), ("eager", time_eager(fn))):
                     results.append(dict(kernel="mask", impl=impl, M=M, topk=topk, num_experts=None,
-                                        block=None, padded="half", mode=mode, us=round(timer(fn), 3)))
+                                        block=None, padded="half", mode=mode, us=round(us, 3)))
             print(f"mask topk={topk} M={M}: " + ", ".join(
                 f"{r['impl']}/{r['mode']}={r['us']:.2f}" for r in results[-6:]), flush=True)
 
@@ -201,10 +241,12 @@ def bench_sort(results: list[dict], align_mod, shapes, blocks, ms, checkpoint: C
                     ids[n:] = -1
                     w = torch.rand(M, topk, dtype=torch.float32, device=dev)
                     count = torch.tensor([n], dtype=torch.int32, device=dev)
-                    for impl, fn in sort_impls(ids, w, count, NE, BM, align_mod).items():
-                        for mode, timer in (("graph", time_graph), ("eager", time_eager)):
+                    impls = sort_impls(ids, w, count, NE, BM, align_mod)
+                    graph_us = time_graphs(impls)
+                    for impl, fn in impls.items():
+                        for mode, us in (("graph", graph_us[impl]), ("eager", time_eager(fn))):
                             results.append(dict(kernel="sort", impl=impl, M=M, topk=topk, num_experts=NE,
-                                                block=BM, padded=padded, mode=mode, us=round(timer(fn), 3)))
+                                                block=BM, padded=padded, mode=mode, us=round(us, 3)))
                     print(f"sort NE={NE} topk={topk} BM={BM} M={M} padded={padded}: " + ", ".join(
                         f"{r['impl']}/{r['mode']}={r['us']:.1f}" for r in results[-8:]), flush=True)
             checkpoint()
@@ -243,7 +285,8 @@ def write(out: Path, results: list[dict]) -> None:
         "cuda": torch.version.cuda,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "method": {"graph_calls": GRAPH_CALLS, "replays": REPLAYS, "eager_calls": EAGER_CALLS,
-                   "eager_repeats": EAGER_REPEATS, "statistic": "median us per call"},
+                   "eager_repeats": EAGER_REPEATS,
+                   "graph_replays": "interleaved, shuffled, queued behind a sleep", "statistic": "median us per call"},
         "results": results,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

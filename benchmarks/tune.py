@@ -1,0 +1,256 @@
+"""Tuning sweeps on a GPU: launch floors, mask block/warps, sort plan variants.
+
+Not the benchmark of record (``run.py`` is): this measures the choices behind the
+kernels' constants, so a change to them rests on numbers. Every variant of one
+configuration is captured in its own CUDA graph and the graphs are replayed in turn
+(``run.replay_interleaved``), so differences of a few percent are not clock drift.
+
+* ``floor``: an empty Triton kernel, and one that loads the count and stores it: what
+  one launch costs in graph replay before any work.
+* ``mask``: the flat-path kernel at each num_warps in the sweep, a one-program kernel
+  that loads the count and stores it (the floor of a launch that reads the count), the
+  public ``mask_padded_rows_`` (current defaults) and SGLang's ``_fill_padded_rows``
+  once and twice.
+* ``sort``: ``mxfp4_moe_sort`` with module constants patched per variant (captured
+  under the patch), with and without a count, and the previous commit's kernels from
+  ``benchmarks/_baseline/kernels_base`` when that folder exists (``git archive``).
+
+``--dry-run`` calls every variant once on the CPU through Triton's interpreter
+(``TRITON_INTERPRET=1``), untimed, to check the script before spending device time.
+Output: JSON records ``{sweep, variant, ..., us}`` to ``--out``, written as it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "_baseline"))
+
+import run  # noqa: E402
+from sglang_amd_moe.kernels import mask_padded_rows_  # noqa: E402
+
+mask_mod = importlib.import_module("sglang_amd_moe.kernels.mask_padded_rows")
+sort_mod = importlib.import_module("sglang_amd_moe.kernels.mxfp4_moe_sort")
+
+MASK_BLOCK = 512
+MASK_WARPS = [1, 2, 4, 8]
+SORT_VARIANTS: dict[str, dict[str, int]] = {
+    "new": {},
+    "count_warps8": {"COUNT_NUM_WARPS": 8},
+    "place_warps8": {"PLACE_NUM_WARPS": 8},
+    "offsets_warps8": {"OFFSETS_NUM_WARPS": 8},
+    "offsets_64rows": {"OFFSET_MAX_ROWS": 64},  # the first version's offsets tiling
+}
+# --profile: (label, NE, topk, M, real rows, with a count) per sort call under ncu.
+PROFILE_SORTS = [
+    ("sort 896/16 M16384 half count", 896, 16, 16384, 8192, True),
+    ("sort 896/16 M16384 half no-count", 896, 16, 16384, 8192, False),
+    ("sort 896/16 M512 unpadded count", 896, 16, 512, 512, True),
+    ("sort 896/16 M512 unpadded no-count", 896, 16, 512, 512, False),
+    ("sort 896/16 M4 half count", 896, 16, 4, 2, True),
+    ("sort 257/9 M16384 half count", 257, 9, 16384, 8192, True),
+    ("sort 257/9 M16384 half no-count", 257, 9, 16384, 8192, False),
+]
+
+
+@triton.jit
+def _empty_kernel(x_ptr):
+    pass
+
+
+@triton.jit
+def _count_store_kernel(count_ptr, out_ptr):
+    tl.store(out_ptr, tl.load(count_ptr))
+
+
+@contextlib.contextmanager
+def patched(mod, values: dict[str, int]) -> Iterator[None]:
+    old = {k: getattr(mod, k) for k in values}
+    for k, v in values.items():
+        setattr(mod, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(mod, k, v)
+
+
+class Sweep:
+    """Times (or, dry, just calls) groups of variants and keeps the records."""
+
+    def __init__(self, out: Path, dry: bool) -> None:
+        self.out, self.dry, self.records = out, dry, []
+
+    def group(self, base: dict, fns: dict[str, tuple[Callable[[], None], dict]]) -> None:
+        """``fns``: variant -> (callable, module patches to capture it under)."""
+        if self.dry:
+            for fn, patch in fns.values():
+                with patched(sort_mod, patch):
+                    fn()
+            times = dict.fromkeys(fns, float("nan"))
+        else:
+            graphs = {}
+            for name, (fn, patch) in fns.items():
+                with patched(sort_mod, patch):
+                    graphs[name] = run.capture_graph(fn)
+            times = run.replay_interleaved(graphs)
+            del graphs
+        for name, us in times.items():
+            self.records.append({**base, "variant": name, "us": round(us, 3)})
+        print(base, " ".join(f"{k}={v:.2f}" for k, v in times.items()), flush=True)
+        self.out.write_text(json.dumps({"device": device_name(), "triton": triton.__version__,
+                                        "torch": torch.__version__, "results": self.records}, indent=1))
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def sweep_floor(sw: Sweep, dev: str) -> None:
+    x = torch.zeros(4, dtype=torch.int32, device=dev)
+    count = torch.tensor([3], dtype=torch.int32, device=dev)
+    sw.group({"sweep": "floor"}, {
+        "empty_kernel": (lambda: _empty_kernel[(1,)](x), {}),
+        "count_store_kernel": (lambda: _count_store_kernel[(1,)](count, x), {}),
+    })
+
+
+def sweep_mask(sw: Sweep, dev: str, ms: list[int], topks: list[int]) -> None:
+    fill_mod = run._load_peer("fill_padded_rows")
+    for topk in topks:
+        for M in ms:
+            mask_group(sw, dev, fill_mod, M, topk)
+
+
+def mask_group(sw: Sweep, dev: str, fill_mod, M: int, topk: int) -> None:
+    ids = torch.randint(0, 256, (M, topk), dtype=torch.int32, device=dev)
+    w = torch.rand(M, topk, dtype=torch.float32, device=dev)
+    count = torch.tensor([M // 2], dtype=torch.int32, device=dev)
+
+    block = min(MASK_BLOCK, triton.next_power_of_2(M * topk))
+    grid = triton.cdiv(M * topk, block)
+
+    def current(warps: int) -> Callable[[], None]:
+        return lambda: mask_mod._mask_padded_rows_kernel[(grid,)](
+            ids, w, count, M, topk, topk, topk, 0,
+            BLOCK_M=block, BLOCK_K=1, FLAT=True, WIDE=False, num_warps=warps)
+
+    def fill_x2() -> None:
+        fill_mod._fill_padded_rows(ids, count, 0)
+        fill_mod._fill_padded_rows(w, count, 0.0)
+
+    one = torch.zeros(1, dtype=torch.int32, device=dev)
+    fns: dict[str, tuple[Callable[[], None], dict]] = {
+        f"flat_w{nw}": (current(nw), {}) for nw in MASK_WARPS
+    }
+    fns["count_store_floor"] = (lambda: _count_store_kernel[(1,)](count, one), {})
+    fns["ours_api"] = (lambda: mask_padded_rows_(ids, w, count, 0), {})
+    fns["sgl_fill_x1"] = (lambda: fill_mod._fill_padded_rows(ids, count, 0), {})
+    fns["sgl_fill_x2"] = (fill_x2, {})
+    sw.group({"sweep": "mask", "M": M, "topk": topk}, fns)
+
+
+def sweep_sort(sw: Sweep, dev: str, shapes: list[tuple[int, int]], ms: list[int], BM: int) -> None:
+    try:
+        base_mod = importlib.import_module("kernels_base.mxfp4_moe_sort")
+    except ImportError:
+        base_mod = None
+        print("no benchmarks/_baseline/kernels_base: baseline variant skipped", flush=True)
+    for NE, topk in shapes:
+        for M in ms:
+            for padded in (("half", "none") if M in (512, 16384) else ("half",)):
+                n = M if padded == "none" else max(M // 2, 1)
+                ids = torch.randint(0, NE, (M, topk), dtype=torch.int32, device=dev)
+                ids[n:] = -1
+                w = torch.rand(M, topk, dtype=torch.float32, device=dev)
+                count = torch.tensor([n], dtype=torch.int32, device=dev)
+                out = run.sort_buffers(M, topk, NE, BM, dev)
+
+                def call(fn, count_arg, out=out, ids=ids, w=w, M=M, NE=NE, topk=topk):
+                    return lambda: fn(
+                        ids, w, out["sorted_token_ids"], out["sorted_expert_ids"],
+                        out["cumsum_tensor"], out["reverse_sorted"], out["sorted_weights"],
+                        out["m_indices"], out["bf16_zero_out"], out["bf16_zero_workspace"],
+                        M, NE, topk, 7168, 2048, BM, 0, count_arg)
+
+                fns: dict[str, tuple[Callable[[], None], dict]] = {}
+                impls = [(name, sort_mod.mxfp4_moe_sort, patch) for name, patch in SORT_VARIANTS.items()]
+                if base_mod is not None:
+                    impls.insert(0, ("base", base_mod.mxfp4_moe_sort, {}))
+                for name, fn, patch in impls:
+                    fns[name] = (call(fn, None), patch)
+                    fns[name + "+count"] = (call(fn, count), patch)
+                sw.group({"sweep": "sort", "NE": NE, "topk": topk, "M": M, "block": BM,
+                          "padded": padded}, fns)
+
+
+def profile_targets(dev: str) -> None:
+    """Each target twice (the first call compiles), synchronized, for ``ncu`` to read."""
+    BM = 16
+    for label, NE, topk, M, n, with_count in PROFILE_SORTS:
+        ids = torch.randint(0, NE, (M, topk), dtype=torch.int32, device=dev)
+        ids[n:] = -1
+        w = torch.rand(M, topk, dtype=torch.float32, device=dev)
+        count = torch.tensor([n], dtype=torch.int32, device=dev) if with_count else None
+        out = run.sort_buffers(M, topk, NE, BM, dev)
+        for _ in range(2):
+            sort_mod.mxfp4_moe_sort(
+                ids, w, out["sorted_token_ids"], out["sorted_expert_ids"], out["cumsum_tensor"],
+                out["reverse_sorted"], out["sorted_weights"], out["m_indices"], out["bf16_zero_out"],
+                out["bf16_zero_workspace"], M, NE, topk, 7168, 2048, BM, 0, count)
+            torch.cuda.synchronize()
+        print("profiled:", label, sort_mod.sort_plan(M, NE, topk), flush=True)
+    for M, topk in ((4096, 11), (1, 11)):
+        ids = torch.randint(0, 256, (M, topk), dtype=torch.int32, device=dev)
+        w = torch.rand(M, topk, dtype=torch.float32, device=dev)
+        count = torch.tensor([M // 2], dtype=torch.int32, device=dev)
+        for _ in range(2):
+            mask_padded_rows_(ids, w, count, 0)
+            torch.cuda.synchronize()
+        print(f"profiled: mask M{M} topk{topk} {mask_mod.mask_launch_config(M, topk, True)}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "tune.json")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--only", choices=["floor", "mask", "sort"])
+    ap.add_argument("--profile", action="store_true", help="run the ncu targets once each, untimed")
+    ap.add_argument("--sort-ms", type=lambda v: [int(x) for x in v.split(",")],
+                    help="comma-separated M for the sort sweep")
+    a = ap.parse_args(argv)
+    if a.profile:
+        profile_targets("cuda")
+        return 0
+    dev = "cpu" if a.dry_run else "cuda"
+    if not a.dry_run and not torch.cuda.is_available():
+        raise SystemExit("tuning needs a GPU (or --dry-run with TRITON_INTERPRET=1)")
+    sw = Sweep(a.out, a.dry_run)
+    small = a.dry_run
+    if a.only in (None, "floor"):
+        sweep_floor(sw, dev)
+    if a.only in (None, "mask"):
+        sweep_mask(sw, dev, [1, 64] if small else run.MASK_M, [11] if small else run.MASK_TOPK)
+    if a.only in (None, "sort"):
+        shapes = [(896, 16), (257, 9), (513, 11)]
+        ms = a.sort_ms or ([1, 4, 40] if small else [1, 4, 64, 256, 512, 4096, 16384])
+        sweep_sort(sw, dev, shapes[:1] if small else shapes, ms, 16)
+    print(f"wrote {len(sw.records)} records to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
