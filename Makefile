@@ -14,7 +14,7 @@ SGLANG_MAIN := 0.5.23
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 COMPAT := .compat
 
-.PHONY: venv demo test test-gpu compat bench lint clean gpu-wheels
+.PHONY: venv demo test test-gpu compat bench bench-docs lint clean gpu-wheels
 
 $(VENV)/.ready: pyproject.toml tests/compat/build_env.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ compat: venv
 
 bench:
 	bash benchmarks/device.sh bench
+
+# Here: regenerate docs/benchmarks.md from the committed results and their notes.
+bench-docs: venv
+	$(PY) benchmarks/report.py --notes-file benchmarks/results/h200-notes.md
 
 # The GPU machine has no registry: carry wheels for Python 3.12 (its interpreter). SGLang
 # 0.5.13.post1 pins torch 2.11, the device's torch; the closure lists what its import needs
