@@ -1,4 +1,4 @@
-"""Tuning sweeps on a GPU: launch floors, mask block/warps, sort plan variants.
+"""Tuning sweeps on a GPU: launch floors, mask warps, sort plan variants.
 
 Not the benchmark of record (``run.py`` is): this measures the choices behind the
 kernels' constants, so a change to them rests on numbers. Every variant of one
@@ -49,7 +49,7 @@ MASK_BLOCK = 512
 MASK_WARPS = [1, 2, 4, 8]
 SORT_VARIANTS: dict[str, dict[str, int]] = {
     "new": {},
-    "count_warps8": {"COUNT_NUM_WARPS": 8},
+    "count_warps4": {"COUNT_NUM_WARPS": 4},
     "place_warps8": {"PLACE_NUM_WARPS": 8},
     "offsets_warps8": {"OFFSETS_NUM_WARPS": 8},
     "offsets_64rows": {"OFFSET_MAX_ROWS": 64},  # the first version's offsets tiling
