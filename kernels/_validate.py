@@ -146,6 +146,17 @@ def _check_out(
     return x
 
 
+def _check_zeroed(name: str, x: object, device: torch.device) -> torch.Tensor:
+    """A buffer the sort zeroes when it is not empty: then on ``device`` and contiguous."""
+    x = check_tensor(name, x)
+    if x.numel() > 0:
+        if x.device != device:
+            raise ValueError(f"{name} is on {x.device}, expected {device}")
+        if not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    return x
+
+
 def check_sort_args(
     topk_ids: object,
     topk_weight: object,
@@ -199,23 +210,13 @@ def check_sort_args(
     _check_out("sorted_weights", sorted_weights, torch.float32, bound, device)
     _check_out("m_indices", m_indices, torch.int32, bound, device)
 
-    zero_out = check_tensor("bf16_zero_out", bf16_zero_out)
-    if zero_out.numel() > 0:
-        if zero_out.device != device:
-            raise ValueError(f"bf16_zero_out is on {zero_out.device}, expected {device}")
-        if not zero_out.is_contiguous():
-            raise ValueError("bf16_zero_out must be contiguous")
-        if zero_out.numel() != m * d_hidden:
-            raise ValueError(
-                f"bf16_zero_out must hold M_logical * D_HIDDEN = {m} * {d_hidden} elements "
-                f"(all M rows are zeroed), got shape {tuple(zero_out.shape)}"
-            )
-    workspace = check_tensor("bf16_zero_workspace", bf16_zero_workspace)
-    if workspace.numel() > 0:
-        if workspace.device != device:
-            raise ValueError(f"bf16_zero_workspace is on {workspace.device}, expected {device}")
-        if not workspace.is_contiguous():
-            raise ValueError("bf16_zero_workspace must be contiguous")
+    zero_out = _check_zeroed("bf16_zero_out", bf16_zero_out, device)
+    if zero_out.numel() > 0 and zero_out.numel() != m * d_hidden:
+        raise ValueError(
+            f"bf16_zero_out must hold M_logical * D_HIDDEN = {m} * {d_hidden} elements "
+            f"(all M rows are zeroed), got shape {tuple(zero_out.shape)}"
+        )
+    _check_zeroed("bf16_zero_workspace", bf16_zero_workspace, device)
 
     outs = {
         "sorted_token_ids": sorted_token_ids,

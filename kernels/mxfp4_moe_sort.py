@@ -330,10 +330,14 @@ class SortPlan:
     launches: int  # 1 (single), 2 (count, place) or 3 (count, offsets, place)
     chunks: int  # pair chunks: count-kernel programs and pair-placing programs
     chunk_pairs: int  # pairs per chunk (a power of two)
+    experts_block: int  # next_pow2(NE + 1): the place kernel's per-expert vectors
+    count_row_tile: int  # count kernel: row values zeroed per step
+    inline_rows: int  # place kernel, inline offsets: count-table rows summed per step
     gap_programs: int  # place programs that fill gap slots (GAP_EXPERTS experts each)
     zero_programs: int  # place programs that zero bf16_zero_out
     offset_rows: int  # offsets kernel: chunk rows per step
     offset_experts: int  # offsets kernel: experts per program
+    offset_programs: int  # offsets-kernel programs (0 when it is not launched)
     scratch_elems: int  # int32 scratch: counts [chunks, NE] | totals [NE] | ranks [pairs]
 
 
@@ -358,10 +362,14 @@ def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0) -> SortPlan:
         launches=1 if single else 2 if inline else 3,
         chunks=chunks,
         chunk_pairs=chunk,
+        experts_block=experts_p2,
+        count_row_tile=min(COUNT_ROW_TILE, triton.next_power_of_2(NE)),
+        inline_rows=max(1, INLINE_OFFSETS_TILE // experts_p2),
         gap_programs=triton.cdiv(NE, GAP_EXPERTS),
         zero_programs=triton.cdiv(zero_numel, ZERO_PER_PROGRAM),
         offset_rows=offset_rows,
         offset_experts=offset_experts,
+        offset_programs=0 if single or inline else triton.cdiv(NE, offset_experts),
         scratch_elems=0 if single else (chunks + 1) * NE + chunks * chunk,
     )
 
@@ -421,7 +429,6 @@ def mxfp4_moe_sort(
 
     zero_numel = bf16_zero_out.numel()
     plan = sort_plan(m, ne, k, zero_numel)
-    experts_p2 = triton.next_power_of_2(ne + 1)
     has_count = count is not None
     count_arg = count if has_count else cumsum_tensor  # placeholder when there is none
     with device_guard(device):
@@ -441,12 +448,12 @@ def mxfp4_moe_sort(
                 NE=ne,
                 K=k,
                 CH=plan.chunk_pairs,
-                ZT=min(COUNT_ROW_TILE, triton.next_power_of_2(ne)),
+                ZT=plan.count_row_tile,
                 HAS_COUNT=has_count,
                 num_warps=COUNT_NUM_WARPS,
             )
-            if not plan.inline_offsets:
-                _sort_offsets_kernel[(triton.cdiv(ne, plan.offset_experts),)](
+            if plan.offset_programs:
+                _sort_offsets_kernel[(plan.offset_programs,)](
                     scratch,
                     plan.chunks,
                     NE=ne,
@@ -477,12 +484,12 @@ def mxfp4_moe_sort(
             NE=ne,
             K=k,
             B=mb,
-            NE_B=experts_p2,
+            NE_B=plan.experts_block,
             CH=plan.chunk_pairs,
             GE=GAP_EXPERTS,
             ZCH=ZERO_PER_PROGRAM,
             ZB=ZERO_TILE,
-            RT=max(1, INLINE_OFFSETS_TILE // experts_p2),
+            RT=plan.inline_rows,
             HAS_COUNT=has_count,
             SINGLE=plan.single,
             INLINE=plan.inline_offsets,
