@@ -154,12 +154,21 @@ def make_layered_venv(dest: Path, shared: Path) -> None:
 
 
 def apply_patch(venv: Path, patch_file: Path) -> None:
-    sp = site_packages(venv)
+    """Apply a one-file unified diff to the installed release with the project's own
+    applier (``sglang_amd_moe.patching``, as ``releases.topk_source`` does), so building
+    needs no ``patch`` program."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from sglang_amd_moe import patching
+    finally:
+        sys.path.pop(0)
+    text = patch_file.read_text()
     # Patches are written against the upstream repository layout (python/sglang/...);
     # inside an installed release the package sits at site-packages/sglang.
-    text = patch_file.read_text()
-    strip = 2 if "a/python/sglang/" in text else 1
-    run(["patch", f"-p{strip}", "--forward", "--batch", "-d", str(sp), "-i", str(patch_file.resolve())])
+    rel_path = patching.parse(text)[0].new_path.removeprefix("b/").removeprefix("python/")
+    target = site_packages(venv) / rel_path
+    target.write_text(patching.apply_text(target.read_text(), text))
+    log(f"applied {patch_file.name} to {target}")
 
 
 def check_import(python: Path) -> dict:
