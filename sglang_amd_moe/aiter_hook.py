@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_amd_moe import aiter_forms
+from sglang_amd_moe._rebind import rebind_copies
 
 logger = logging.getLogger("sglang_amd_moe")
 
@@ -374,20 +375,10 @@ def _apply(plan: list[tuple[types.ModuleType, str, Any, Any]]) -> list[_Patch]:
         setattr(module, attr, replacement)
         applied.append(_Patch(module, attr, original, replacement))
     done = {(id(p.module), p.attr) for p in applied}
-    for mod in list(sys.modules.values()):
-        d = getattr(mod, "__dict__", None)
-        if not isinstance(d, dict):
-            continue
-        for _, attr, original, replacement in plan:
-            if (id(mod), attr) in done:
-                continue
-            try:
-                if d.get(attr) is original:
-                    setattr(mod, attr, replacement)
-                    applied.append(_Patch(mod, attr, original, replacement))
-                    done.add((id(mod), attr))
-            except Exception:  # an exotic module object: leave it alone
-                continue
+    for _, attr, original, replacement in plan:
+        for mod, name in rebind_copies(original, replacement, name=attr, skip=done):
+            applied.append(_Patch(mod, name, original, replacement))
+            done.add((id(mod), name))
     return applied
 
 
@@ -421,9 +412,26 @@ def _impl_hook(module: types.ModuleType, impl: Any, report: aiter_forms.FormRepo
     origin = getattr(module, "__file__", None) or ""
     backend_var = report.backend_var
     adaptive = kernels.adaptive_moe_sort
+    # output_aux read without binding: most calls (CK/Opus, output_aux=False) go straight
+    # back to aiter, and binding costs several microseconds of host time per call.
+    aux_param = sig.parameters["output_aux"]
+    aux_pos = (
+        list(sig.parameters).index("output_aux")
+        if aux_param.kind in (aux_param.POSITIONAL_ONLY, aux_param.POSITIONAL_OR_KEYWORD)
+        else None
+    )
+    aux_default = None if aux_param.default is aux_param.empty else aux_param.default
 
     def _route(args: tuple, kwargs: dict) -> Any:
         """Our sort's result for a count-carrying adaptive call, else ``_UPSTREAM``."""
+        if "output_aux" in kwargs:
+            output_aux = kwargs["output_aux"]
+        elif aux_pos is not None and aux_pos < len(args):
+            output_aux = args[aux_pos]
+        else:
+            output_aux = aux_default
+        if not output_aux:
+            return _UPSTREAM
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError:

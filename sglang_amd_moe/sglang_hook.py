@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_amd_moe import _env
+from sglang_amd_moe._rebind import rebind_copies
 from sglang_amd_moe.sglang_forms import (
     ACTIONS,
     FUNCTION_NAME,
@@ -324,19 +325,7 @@ def _make_wrapper(original: Callable, hook: Callable) -> Callable:
 def _apply_directly(mod: types.ModuleType, original: Callable) -> None:
     wrapped = _make_wrapper(original, _around)
     setattr(mod, FUNCTION_NAME, wrapped)
-    for other in list(sys.modules.values()):
-        if other is mod or not isinstance(other, types.ModuleType):
-            continue
-        try:
-            items = list(vars(other).items())
-        except TypeError:
-            continue
-        for name, value in items:
-            if value is original:
-                try:
-                    setattr(other, name, wrapped)
-                except (AttributeError, TypeError):
-                    pass
+    rebind_copies(original, wrapped)  # `from ...topk import` copies, aliases included
 
 
 def _registered_pending() -> bool:
