@@ -46,7 +46,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglang_amd_moe import aiter_forms, patching, sglang_forms
+from sglang_amd_moe import _env, aiter_forms, patching, sglang_forms
 
 #: Keys every target has in ``--json`` output (more may follow them).
 JSON_KEYS = (
@@ -64,10 +64,7 @@ JSON_KEYS = (
 
 SGLANG = "sglang"
 AITER = "aiter"
-TARGET_NAMES = {
-    SGLANG: "sglang.srt.layers.moe.topk._post_process_topk_ids",
-    AITER: "aiter.fused_moe MXFP4 aux sort (_moe_sorting_impl -> _adaptive_moe_sort)",
-}
+_HOOK_MODULES = {SGLANG: "sglang_amd_moe.sglang_hook", AITER: "sglang_amd_moe.aiter_hook"}
 SGLANG_REL = Path("srt/layers/moe/topk.py")
 AITER_REL = Path("fused_moe.py")
 OUR_SGLANG_EP = "sglang_amd_moe.plugin:register"
@@ -173,7 +170,7 @@ def _our_entry_point(group: str, value: str) -> md.EntryPoint | None:
 
 def _disabled_by_env(ep_name: str) -> str:
     """Why the environment keeps the plugin from running ("" when it does not)."""
-    if os.environ.get("SGLANG_AMD_MOE_DISABLE", "").strip().lower() in {"1", "true", "yes", "on"}:
+    if _env.disabled():
         return "SGLANG_AMD_MOE_DISABLE is set"
     allowed = os.environ.get("SGLANG_PLUGINS", "")
     names = {x.strip() for x in allowed.split(",") if x.strip()}
@@ -233,17 +230,15 @@ def _plugin_view(sglang_dir: Path | None) -> PluginView:
 
 def _hook_live(target: str) -> bool:
     """Ask the hook module whether its hook is in place in this process (False if absent)."""
-    mod_name = "sglang_amd_moe.sglang_hook" if target == SGLANG else "sglang_amd_moe.aiter_hook"
     try:
-        mod = importlib.import_module(mod_name)
+        mod = importlib.import_module(_HOOK_MODULES[target])
         return bool(mod.is_live())
     except Exception:
         return False
 
 
 def _hook_message(target: str) -> str:
-    mod_name = "sglang_amd_moe.sglang_hook" if target == SGLANG else "sglang_amd_moe.aiter_hook"
-    mod = sys.modules.get(mod_name)
+    mod = sys.modules.get(_HOOK_MODULES[target])
     status = getattr(mod, "status", None) if mod is not None else None
     try:
         st = status() if callable(status) else None
@@ -271,17 +266,20 @@ def _run_load_plugins(view: PluginView) -> None:
 def _patch_check(target: str, form: str, source: str) -> tuple[str | None, str | None]:
     """(patch name, status) for ``source``: a shipped patch already applied wins, else the
     patch for this form, else none."""
-    for name in patching.patch_names(target):
-        if patching.status(source, patching.read_patch(name)) == patching.ALREADY_APPLIED:
-            # An upstream-fixed file can contain exactly what a patch adds (0.5.14 holds
-            # PR 28378): only report it when the form would otherwise need that patch or
-            # the classifier does not recognise the result.
-            if form not in GOOD_FORMS:
-                return name, patching.ALREADY_APPLIED
+    statuses = {
+        name: patching.status(source, patching.read_patch(name))
+        for name in patching.patch_names(target)
+    }
+    for name, status in statuses.items():
+        # An upstream-fixed file can contain exactly what a patch adds (0.5.14 holds
+        # PR 28378): only report it when the form would otherwise need that patch or
+        # the classifier does not recognise the result.
+        if status == patching.ALREADY_APPLIED and form not in GOOD_FORMS:
+            return name, patching.ALREADY_APPLIED
     name = patching.patch_for(target, form)
     if name is None:
         return None, None
-    return name, patching.status(source, patching.read_patch(name))
+    return name, statuses[name]
 
 
 def _classify(target: str, source: str) -> tuple[str, str, str]:
@@ -526,9 +524,9 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def run(argv: list[str]) -> tuple[int, list[TargetReport], PluginView | None]:
+def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], PluginView | None]:
     """Audit and return (exit status, reports, plugin view); raises AuditError/SystemExit."""
-    args = _parser().parse_args(argv)
+    args = argv if isinstance(argv, argparse.Namespace) else _parser().parse_args(argv)
     source_mode = args.sglang_source is not None or args.aiter_source is not None
     if source_mode and args.load:
         raise AuditError("--load audits this environment; it cannot be combined with --sglang-source/--aiter-source")
@@ -571,9 +569,11 @@ def run(argv: list[str]) -> tuple[int, list[TargetReport], PluginView | None]:
 def main(argv: list[str]) -> int:
     """Entry point of ``sglang-amd-moe audit`` (see the module docstring)."""
     try:
-        exit_status, reports, view = run(argv)
+        args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or bad usage (2)
         return 0 if exc.code in (0, None) else 2
+    try:
+        exit_status, reports, view = run(args)
     except (AuditError, patching.PatchError) as exc:
         print(f"sglang-amd-moe audit: error: {exc}", file=sys.stderr)
         return 2
@@ -581,7 +581,6 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         print("sglang-amd-moe audit: internal error (above)", file=sys.stderr)
         return 2
-    args = _parser().parse_args(argv)
     try:
         if args.json:
             doc = {"exit_status": exit_status, "targets": [r.to_json() for r in reports]}
