@@ -61,13 +61,13 @@ TOPK_MODULE = "sglang.srt.layers.moe.topk"
 TARGET = f"{TOPK_MODULE}.{FUNCTION_NAME}"
 _REQUIRED_PARAMS = ("topk_ids", "topk_weights", "num_token_non_padded")
 _HOOK_MARK = "_sglang_amd_moe_hook"
+_PREDICATE_ORDER = tuple(sorted(REMAP_PREDICATES))  # remap_enabled runs per hooked call
 
 
 @dataclass(frozen=True)
 class Plan:
     """What the hook does around each call (decided once, at install)."""
 
-    form: str
     pre_mask: bool
     add_remap: bool
     tail_mask: bool
@@ -87,7 +87,6 @@ class InstallResult:
     version: str = ""
     path: str = ""
     report: FormReport | None = None
-    plan: Plan | None = None
 
 
 # Process state: the plan the hook reads, the topk module, and the last result.
@@ -97,7 +96,6 @@ _POSITIONS: dict[str, int] = {}
 _DEFAULTS: dict[str, Any] = {}
 _MASK_FN: Callable | None = None
 _STATE: InstallResult | None = None
-_LOGGED = False
 _CALL_ERROR_LOGGED = False
 
 
@@ -112,7 +110,7 @@ def install() -> InstallResult:
     Idempotent: once the hook is live (or registered and waiting for
     ``load_plugins()`` to apply it) a second call changes nothing and logs nothing.
     """
-    global _STATE, _LOGGED
+    global _STATE
     if _STATE is not None and _STATE.hooked and (is_live() or _registered_pending()):
         logger.debug("sglang-amd-moe: SGLang hook already installed; nothing to do")
         return _STATE
@@ -126,12 +124,11 @@ def install() -> InstallResult:
             f"sglang-amd-moe: hooking {TARGET} failed ({type(exc).__name__}: {exc}); "
             "SGLang left untouched",
         )
-    first = not _LOGGED or _STATE is None or (_STATE.form, _STATE.hooked) != (result.form, result.hooked)
+    first = _STATE is None or (_STATE.form, _STATE.hooked) != (result.form, result.hooked)
     _STATE = result
     if first:
         level = logging.WARNING if result.form in ("absent", "unknown", "error") else logging.INFO
         logger.log(level, "%s", result.message)
-        _LOGGED = True
     return result
 
 
@@ -254,7 +251,6 @@ def _install() -> InstallResult:
 
     masking = form != "fixed"
     plan = Plan(
-        form=form,
         pre_mask=masking,
         add_remap=add_remap,
         tail_mask=masking and form != "unknown" and not report.tail_zeroes_weights,
@@ -281,7 +277,7 @@ def _install() -> InstallResult:
     if how:
         extras.append(how)
     message = f"{head} form={form} -> {action}" + (f" [{'; '.join(extras)}]" if extras else "")
-    return InstallResult(form, True, message, version, str(path), report, plan)
+    return InstallResult(form, True, message, version, str(path), report)
 
 
 def _apply(mod: types.ModuleType, live: Callable) -> str:
@@ -354,16 +350,13 @@ def _live_report(live: Callable) -> tuple[FormReport | None, str]:
     """Classify the function that will actually run (under any wrappers); also its file."""
     try:
         fn = inspect.unwrap(live)
-        src = textwrap.dedent(inspect.getsource(fn))
+        lines, first = inspect.getsourcelines(fn)
+        src = textwrap.dedent("".join(lines))
         where = inspect.getsourcefile(fn) or ""
     except (OSError, TypeError, ValueError):
         return None, ""
     report = analyze_source(src)
     if report.lineno:  # make the line number file-relative, as analyze_source of the file gives
-        try:
-            first = inspect.getsourcelines(fn)[1]
-        except (OSError, TypeError):
-            first = 1
         report = dataclasses.replace(report, lineno=first + report.lineno - 1)
     return report, where
 
@@ -406,7 +399,7 @@ def remap_enabled(mod: types.ModuleType | None = None) -> bool:
     args the way upstream's predicate does. Outside a server (no published args) False.
     """
     mod = mod if mod is not None else sys.modules.get(TOPK_MODULE)
-    for name in sorted(REMAP_PREDICATES):
+    for name in _PREDICATE_ORDER:
         fn = getattr(mod, name, None)
         if callable(fn):
             return bool(fn())

@@ -17,7 +17,7 @@ MAIN = releases.BY_LABEL[releases.MAIN_RELEASE]
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch):
     """A process state in which install() has never run."""
-    for name, value in (("_STATE", None), ("_LOGGED", False), ("_PLAN", None), ("_TOPK", None)):
+    for name, value in (("_STATE", None), ("_PLAN", None), ("_TOPK", None)):
         monkeypatch.setattr(sglang_hook, name, value)
     for var in ("SGLANG_AMD_MOE_DISABLE", "SGLANG_AMD_MOE_FORCE", "SGLANG_AMD_MOE_VERIFY"):
         monkeypatch.delenv(var, raising=False)
