@@ -38,6 +38,8 @@ import ast
 import hashlib
 from dataclasses import dataclass, field
 
+from sglang_amd_moe._astutil import call_name, param_names
+
 FORMS: tuple[str, ...] = ("count-dropped", "count-rejected", "count-honored", "absent", "unknown")
 
 #: Form -> the one-line action the plugin takes for it (printed by the audit too).
@@ -85,9 +87,8 @@ ADAPTIVE_POSITIONAL: tuple[str, ...] = (
     "model_dim",
 )
 ADAPTIVE_KWONLY: tuple[str, ...] = ("atomic", "emit_aux", "moebuf_dtype")
-# How _moe_sorting_impl calls _adaptive_moe_sort in the known trees: positional argument
-# names, then keyword -> the value expression (as source) it passes.
-_ADAPTIVE_CALL_POSITIONAL = ADAPTIVE_POSITIONAL
+# How _moe_sorting_impl calls _adaptive_moe_sort in the known trees: the positional
+# arguments are named as ADAPTIVE_POSITIONAL; keyword -> the value expression (as source).
 _ADAPTIVE_CALL_KEYWORDS = {
     "atomic": "accumulate",
     "emit_aux": "True",
@@ -159,7 +160,7 @@ def analyze_source(source: str) -> FormReport:
     adaptive = funcs.get(ADAPTIVE)
     unsupported = funcs.get(INLINE_UNSUPPORTED)
     mentions_aux = any(
-        _call_name(n) == AUX_KERNEL for n in ast.walk(tree) if isinstance(n, ast.Call)
+        call_name(n) == AUX_KERNEL for n in ast.walk(tree) if isinstance(n, ast.Call)
     )
     if adaptive is None and not mentions_aux:
         if unsupported is not None:
@@ -173,7 +174,7 @@ def analyze_source(source: str) -> FormReport:
             "unknown", f"{AUX_KERNEL} is called but {missing} is missing", source_sha256=sha
         )
 
-    impl_params = _params(impl)
+    impl_params = param_names(impl)
     common: dict = {"source_sha256": sha, "impl_params": impl_params}
     missing_params = [p for p in IMPL_PARAMS_READ if p not in impl_params]
     if missing_params or impl.args.vararg or impl.args.kwarg:
@@ -209,7 +210,7 @@ def analyze_source(source: str) -> FormReport:
 
     if unsupported is not None:
         rejects, why = _rejects_count(unsupported)
-        common.update(unsupported_params=_params(unsupported), rejects_count=rejects)
+        common.update(unsupported_params=param_names(unsupported), rejects_count=rejects)
         if rejects:
             return FormReport(
                 "count-rejected", f"{INLINE_UNSUPPORTED} rejects calls that carry {COUNT}", **common
@@ -235,20 +236,6 @@ def analyze_source(source: str) -> FormReport:
 # --- helpers -------------------------------------------------------------------------
 
 
-def _params(func: ast.FunctionDef) -> tuple[str, ...]:
-    a = func.args
-    return tuple(x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs])
-
-
-def _call_name(call: ast.Call) -> str:
-    f = call.func
-    if isinstance(f, ast.Name):
-        return f.id
-    if isinstance(f, ast.Attribute):
-        return f.attr
-    return ""
-
-
 def _passes(call: ast.Call, name: str, index: int | None = None) -> bool:
     """Does ``call`` pass the variable ``name`` (by keyword, or positionally at ``index``)?"""
     if any(kw.arg == name for kw in call.keywords):
@@ -267,8 +254,7 @@ def _adaptive_signature_ok(func: ast.FunctionDef) -> tuple[bool, str]:
             False,
             f"{ADAPTIVE} positional parameters {positional} differ from {ADAPTIVE_POSITIONAL}",
         )
-    extra = [k for k in kwonly if k not in (*ADAPTIVE_KWONLY, COUNT)]
-    if [k for k in kwonly if k != COUNT] != list(ADAPTIVE_KWONLY) or extra or a.vararg or a.kwarg:
+    if [k for k in kwonly if k != COUNT] != list(ADAPTIVE_KWONLY) or a.vararg or a.kwarg:
         return False, f"{ADAPTIVE} keyword-only parameters {kwonly} differ from {ADAPTIVE_KWONLY}"
     return True, ""
 
@@ -278,7 +264,7 @@ def _adaptive_passes_count(func: ast.FunctionDef) -> bool:
     ``mxfp4_moe_sort`` (aiter PR 7083) or this package's ``adaptive_moe_sort`` (the
     ``patches/aiter-count-dropped.diff`` route)?"""
     for node in ast.walk(func):
-        if isinstance(node, ast.Call) and _call_name(node) in (AUX_KERNEL, OUR_ADAPTIVE):
+        if isinstance(node, ast.Call) and call_name(node) in (AUX_KERNEL, OUR_ADAPTIVE):
             if _passes(node, COUNT):
                 return True
     return False
@@ -353,7 +339,7 @@ def _adaptive_branch(
     the function unpacks ``topk_ids.shape`` into them) and the backend variable, so the
     hook can take exactly the same decision by evaluating the same expression.
     """
-    params = set(_params(impl))
+    params = set(param_names(impl))
     if _shape_unpacked(impl):
         params |= {"M", "topk"}
     for node in ast.walk(impl):
@@ -362,7 +348,7 @@ def _adaptive_branch(
         if not node.body or not isinstance(node.body[-1], ast.Return):
             continue
         ret = node.body[-1].value
-        if not (isinstance(ret, ast.Call) and _call_name(ret) == ADAPTIVE):
+        if not (isinstance(ret, ast.Call) and call_name(ret) == ADAPTIVE):
             continue
         test = node.test
         if len(node.body) != 1:
@@ -400,7 +386,7 @@ def _adaptive_branch(
 def _adaptive_call_shape(call: ast.Call) -> tuple[bool, bool, str]:
     """Check the adaptive call's arguments: (matches the known shape, passes count, why not)."""
     names = [a.id if isinstance(a, ast.Name) else None for a in call.args]
-    if tuple(names) != _ADAPTIVE_CALL_POSITIONAL:
+    if tuple(names) != ADAPTIVE_POSITIONAL:
         return False, False, f"{ADAPTIVE} is called with positional arguments {names}"
     passes = False
     seen: dict[str, str] = {}
@@ -425,10 +411,10 @@ def _count_dropping_callers(tree: ast.Module) -> tuple[str, ...]:
     ``moe_sorting(..., output_aux=True)`` without passing it (aiter main's ``fused_moe_``)."""
     out: list[str] = []
     for node in tree.body:
-        if not isinstance(node, ast.FunctionDef) or COUNT not in _params(node):
+        if not isinstance(node, ast.FunctionDef) or COUNT not in param_names(node):
             continue
         for sub in ast.walk(node):
-            if not (isinstance(sub, ast.Call) and _call_name(sub) == PUBLIC_SORT):
+            if not (isinstance(sub, ast.Call) and call_name(sub) == PUBLIC_SORT):
                 continue
             aux = any(
                 kw.arg == "output_aux"
@@ -449,7 +435,7 @@ def _rejects_count(func: ast.FunctionDef) -> tuple[bool, str]:
     parameter and report "unsupported" by returning a reason (a string) or a true value,
     and "supported" by returning None/False/"". Returns (rejects, why-unknown).
     """
-    if COUNT not in _params(func):
+    if COUNT not in param_names(func):
         mentions = any(
             (isinstance(n, ast.Name) and n.id == COUNT)
             or (isinstance(n, ast.Attribute) and n.attr == COUNT)

@@ -40,7 +40,6 @@ modules are rebound too.
 
 from __future__ import annotations
 
-import ast
 import functools
 import importlib.abc
 import importlib.util
@@ -407,7 +406,7 @@ def _impl_hook(module: types.ModuleType, impl: Any, report: aiter_forms.FormRepo
         logger.warning("sglang-amd-moe: %s.%s is missing; aiter left untouched",
                        TARGET, report.backend_var)  # fmt: skip
         return None
-    test = compile(ast.parse(report.branch_test, mode="eval"), "<aiter adaptive branch>", "eval")
+    test = compile(report.branch_test, "<aiter adaptive branch>", "eval")
     callers = frozenset(report.count_dropping_callers)
     origin = getattr(module, "__file__", None) or ""
     backend_var = report.backend_var
@@ -573,8 +572,5 @@ def _aux_kernel_plan(kernels: Any) -> list[tuple[types.ModuleType, str, Any, Any
         )
         mxfp4_moe_sort.__signature__ = orig_sig.replace(parameters=params)  # type: ignore[attr-defined]
     _mark(mxfp4_moe_sort, original)
-    plan = [(pkg, aiter_forms.AUX_KERNEL, original, mxfp4_moe_sort)]
-    aux = sys.modules.get("aiter.ops.moe_mxfp4_aux")
-    if aux is not None and getattr(aux, aiter_forms.AUX_KERNEL, None) is original:
-        plan.append((aux, aiter_forms.AUX_KERNEL, original, mxfp4_moe_sort))
-    return plan
+    # aiter.ops.moe_mxfp4_aux (where aiter defines it) is rebound with the other copies.
+    return [(pkg, aiter_forms.AUX_KERNEL, original, mxfp4_moe_sort)]

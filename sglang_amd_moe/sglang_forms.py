@@ -33,6 +33,8 @@ import ast
 import hashlib
 from dataclasses import dataclass, field
 
+from sglang_amd_moe._astutil import call_name, param_names
+
 FUNCTION_NAME = "_post_process_topk_ids"
 
 FORMS: tuple[str, ...] = (
@@ -116,9 +118,8 @@ def analyze_source(source: str) -> FormReport:
         return FormReport("absent", f"no top-level {FUNCTION_NAME} in topk.py", remap_predicate=predicate)
     segment = ast.get_source_segment(source, func) or ""
     sha = hashlib.sha256(segment.encode()).hexdigest()
-    args = func.args
-    params = tuple(a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs])
-    common = {"function_sha256": sha, "lineno": func.lineno, "params": params, "remap_predicate": predicate}
+    common = {"function_sha256": sha, "lineno": func.lineno, "params": param_names(func),
+              "remap_predicate": predicate}
     return _classify_function(func, common)
 
 
@@ -184,21 +185,13 @@ def _mentions_hip(test: ast.expr) -> bool:
     return False
 
 
-def _call_name(call: ast.Call) -> str:
-    f = call.func
-    if isinstance(f, ast.Name):
-        return f.id
-    if isinstance(f, ast.Attribute):
-        return f.attr
-    return ""
-
 
 def _calls_in(stmts: list[ast.stmt], names: set[str] | frozenset[str]):
     """Yield ``(call, ancestors)`` for calls to ``names`` under ``stmts`` (ancestors: If nodes
     with the branch, ``body`` or ``orelse``, the call sits in)."""
 
     def visit(node: ast.AST, ancestors: tuple):
-        if isinstance(node, ast.Call) and _call_name(node) in names:
+        if isinstance(node, ast.Call) and call_name(node) in names:
             yield node, ancestors
         if isinstance(node, ast.If):
             yield from visit(node.test, ancestors)
@@ -220,7 +213,7 @@ def _predicate_vars(func: ast.AST) -> set[str]:
     out: set[str] = set()
     for node in ast.walk(func):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            if _call_name(node.value) in REMAP_PREDICATES:
+            if call_name(node.value) in REMAP_PREDICATES:
                 out.update(t.id for t in node.targets if isinstance(t, ast.Name))
     return out
 
@@ -231,7 +224,7 @@ def _refs_predicate(test: ast.expr, predicate_vars: set[str]) -> str:
 
     def is_pred(e: ast.expr) -> bool:
         if isinstance(e, ast.Call):
-            return _call_name(e) in REMAP_PREDICATES
+            return call_name(e) in REMAP_PREDICATES
         return isinstance(e, ast.Name) and e.id in predicate_vars
 
     if is_pred(test):
