@@ -49,15 +49,17 @@ from dataclasses import asdict, dataclass, field
 from types import ModuleType
 from typing import Any
 
+from sglang_amd_moe._astutil import call_name
+from sglang_amd_moe.sglang_forms import FUNCTION_NAME, hip_branches, predicate_vars, refs_predicate
+
 logger = logging.getLogger("sglang_amd_moe")
 
 TOPK_MODULE = "sglang.srt.layers.moe.topk"
-FUNCTION = "_post_process_topk_ids"
+FUNCTION = FUNCTION_NAME
 BATCHES: tuple[tuple[int, int], ...] = ((5, 8), (47, 48), (200, 256))
 HUGE = 1e30
 REL_TOL = 1e-6
 REBUILT = "mask-under-eplb-guard"
-_REMAP_PREDICATES = ("_eplb_remap_enabled", "is_expert_remapping_enabled")
 
 
 class RebuildError(RuntimeError):
@@ -153,22 +155,8 @@ def function_in_place(mod: ModuleType, fn: Callable | None) -> Iterator[None]:
         setattr(mod, FUNCTION, saved)
 
 
-def _guard_test_is_remap(test: ast.expr, predicate_vars: set[str]) -> bool:
-    for node in ast.walk(test):
-        if isinstance(node, ast.Name) and (node.id in _REMAP_PREDICATES or node.id in predicate_vars):
-            return True
-        if isinstance(node, ast.Attribute) and node.attr in _REMAP_PREDICATES:
-            return True
-    return False
-
-
 def _calls(node: ast.AST, name: str) -> bool:
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            f = sub.func
-            if (isinstance(f, ast.Name) and f.id == name) or (isinstance(f, ast.Attribute) and f.attr == name):
-                return True
-    return False
+    return any(isinstance(sub, ast.Call) and call_name(sub) == name for sub in ast.walk(node))
 
 
 def rebuild_source(source: str) -> str:
@@ -187,37 +175,17 @@ def rebuild_source(source: str) -> str:
     )
     if fdef is None:
         raise RebuildError(f"no {FUNCTION} in topk.py")
-    # The main HIP branch is the first `_is_hip` If in source order (`elif _is_hip:` after
-    # the CUDA branch); a later `if _is_hip:` is a tail pass (as sglang_forms reads it).
-    hips = sorted(
-        (
-            n
-            for n in ast.walk(fdef)
-            if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "_is_hip"
-        ),
-        key=lambda n: (n.lineno, n.col_offset),
-    )
-    hip = hips[0] if hips else None
-    if hip is None:
+    # The main HIP branch, as the classifier reads it.
+    hips = hip_branches(fdef)
+    if not hips:
         raise RebuildError("the installed function has no `_is_hip` branch: nothing to move")
-    predicate_vars = {
-        t.id
-        for n in ast.walk(fdef)
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _calls(n.value, "is_expert_remapping_enabled")
-        for t in n.targets
-        if isinstance(t, ast.Name)
-    } | {
-        t.id
-        for n in ast.walk(fdef)
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _calls(n.value, "_eplb_remap_enabled")
-        for t in n.targets
-        if isinstance(t, ast.Name)
-    }
+    hip = hips[0]
+    pvars = predicate_vars(fdef)
     guards = [
         s
         for s in hip.body
         if isinstance(s, ast.If)
-        and _guard_test_is_remap(s.test, predicate_vars)
+        and refs_predicate(s.test, pvars)
         and _calls(s, "topk_ids_logical_to_physical")
     ]
     masks = [

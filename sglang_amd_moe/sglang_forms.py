@@ -123,15 +123,19 @@ def analyze_source(source: str) -> FormReport:
     return _classify_function(func, common)
 
 
-def _classify_function(func: ast.FunctionDef | ast.AsyncFunctionDef, common: dict) -> FormReport:
+def hip_branches(func: ast.AST) -> list[ast.If]:
+    """The ``If`` nodes that require ``_is_hip``, in source order. The first is the main
+    HIP branch (``elif _is_hip:`` after the CUDA branch); any later ones are tail passes
+    after the shared-expert append."""
     hip_ifs = [n for n in ast.walk(func) if isinstance(n, ast.If) and _mentions_hip(n.test)]
+    return sorted(hip_ifs, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _classify_function(func: ast.FunctionDef | ast.AsyncFunctionDef, common: dict) -> FormReport:
+    hip_ifs = hip_branches(func)
     if not hip_ifs:
         return FormReport("no-hip-handling", "no `_is_hip` branch in the function", **common)
-    # Names bound directly to a predicate call (`eplb_remap_enabled = is_expert_remapping_enabled()`).
-    predicate_vars = _predicate_vars(func)
-    # The main HIP branch is the first `_is_hip` If in source order (`elif _is_hip:` after
-    # the CUDA branch); any later ones are tail passes after the shared-expert append.
-    hip_ifs.sort(key=lambda n: (n.lineno, n.col_offset))
+    pvars = predicate_vars(func)
     main, tail = hip_ifs[0], hip_ifs[1:]
     id_masks = list(_calls_in(main.body, _ID_MASKERS))
     zeroes_weights = any(True for _ in _calls_in(main.body, _WEIGHT_ZEROERS)) or any(
@@ -154,7 +158,7 @@ def _classify_function(func: ast.FunctionDef | ast.AsyncFunctionDef, common: dic
         if fill != 0:
             odd.append(f"padded ids filled with {fill!r}, not 0, on HIP (line {call.lineno})")
             continue
-        where = _guard_position(call, ancestors, predicate_vars)
+        where = _guard_position(call, ancestors, pvars)
         if where == "body":
             guarded.append(call)
         elif where == "other":
@@ -209,7 +213,9 @@ def _calls_in(stmts: list[ast.stmt], names: set[str] | frozenset[str]):
         yield from visit(s, ())
 
 
-def _predicate_vars(func: ast.AST) -> set[str]:
+def predicate_vars(func: ast.AST) -> set[str]:
+    """Names bound directly to a remap-predicate call
+    (``eplb_remap_enabled = is_expert_remapping_enabled()``)."""
     out: set[str] = set()
     for node in ast.walk(func):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
@@ -218,14 +224,14 @@ def _predicate_vars(func: ast.AST) -> set[str]:
     return out
 
 
-def _refs_predicate(test: ast.expr, predicate_vars: set[str]) -> str:
+def refs_predicate(test: ast.expr, pvars: set[str]) -> str:
     """``"pos"`` when ``test`` is the predicate (or ``pred() and ...``), ``"other"`` when it
     mentions it otherwise (negated, or-ed), ``""`` when it does not mention it."""
 
     def is_pred(e: ast.expr) -> bool:
         if isinstance(e, ast.Call):
             return call_name(e) in REMAP_PREDICATES
-        return isinstance(e, ast.Name) and e.id in predicate_vars
+        return isinstance(e, ast.Name) and e.id in pvars
 
     if is_pred(test):
         return "pos"
@@ -237,11 +243,11 @@ def _refs_predicate(test: ast.expr, predicate_vars: set[str]) -> str:
     return ""
 
 
-def _guard_position(call: ast.Call, ancestors: tuple, predicate_vars: set[str]) -> str:
+def _guard_position(call: ast.Call, ancestors: tuple, pvars: set[str]) -> str:
     """``"body"``: the fill only runs when the remap predicate holds; ``"other"``: it is
     conditioned on the predicate some other way; ``""``: not conditioned on it."""
     for if_node, branch in ancestors:
-        kind = _refs_predicate(if_node.test, predicate_vars)
+        kind = refs_predicate(if_node.test, pvars)
         if kind == "pos" and branch == "body":
             return "body"
         if kind:

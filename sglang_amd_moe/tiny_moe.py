@@ -35,7 +35,6 @@ __all__ = [
     "ConsumerStats",
     "hip_router_for",
     "legacy_hip_sort",
-    "max_sorted_size",
     "rows_matmul",
     "write_checkpoint",
 ]
@@ -208,13 +207,6 @@ def hip_router_for(
 # --------------------------------------------------------------------------- consumer
 
 
-def max_sorted_size(rows: int, topk: int, num_experts: int, block_size: int) -> int:
-    """``max_sorted`` exactly as aiter's ``_adaptive_moe_sort`` allocates it (BRIEF)."""
-    pairs = rows * topk
-    active = min(num_experts, pairs)
-    return -(-(pairs + active * (block_size - 1)) // block_size) * block_size
-
-
 @dataclass
 class SortBuffers:
     """The sort's outputs, sized as aiter's ``_adaptive_moe_sort`` sizes them."""
@@ -229,6 +221,10 @@ class SortBuffers:
     @classmethod
     def allocate(cls, m: int, k: int, ne: int, mb: int, device: torch.device) -> SortBuffers:
         """Zero-filled (aiter uses ``torch.empty``; slots nobody writes read as 0 here)."""
+        # Imported here: importing the kernels imports Triton, which must come after the
+        # check has chosen whether Triton interprets.
+        from sglang_amd_moe.kernels._validate import max_sorted_size
+
         n = max_sorted_size(m, k, ne, mb)
         i32 = {"dtype": torch.int32, "device": device}
         return cls(
@@ -370,16 +366,7 @@ def _package_sort(device: torch.device) -> tuple[Callable[..., None], str]:
     (the kernel's own CPU fallback)."""
     from sglang_amd_moe import kernels
 
-    fn = getattr(kernels, "mxfp4_moe_sort", None)
-    if fn is None:  # a kernels package without the Triton sort: the reference itself
-        return kernels.mxfp4_moe_sort_reference, "sglang_amd_moe.kernels.mxfp4_moe_sort_reference"
-    try:
-        from sglang_amd_moe.kernels.mask_padded_rows import triton_backend
-
-        how = triton_backend(device)
-    except ImportError:
-        how = "backend unknown"
-    return fn, f"sglang_amd_moe.kernels.mxfp4_moe_sort ({how})"
+    return kernels.mxfp4_moe_sort, f"sglang_amd_moe.kernels.mxfp4_moe_sort ({kernels.triton_backend(device)})"
 
 
 class AiterLikeMoE:
