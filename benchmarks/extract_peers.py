@@ -12,7 +12,6 @@ folder ``benchmarks/_peers/`` is git-ignored and travels to the GPU machine with
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -20,24 +19,21 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PEERS = HERE / "_peers"
-RELEASE = "0.5.23"
 MEMBERS = {
     "sglang/test/kernels/moe_align.py": "moe_align.py",
     "sglang/kernels/ops/moe/fill_padded_rows.py": "fill_padded_rows.py",
 }
 
+# The release and the wheel cache of the test environments (tests/compat).
+sys.path.insert(0, str(REPO / "tests" / "compat"))
+from build_env import fetch_wheel  # noqa: E402
+from releases import MAIN_RELEASE as RELEASE  # noqa: E402
+
+sys.path.pop(0)
+
 
 def wheel_path() -> Path:
-    cache = REPO / ".cache" / "wheels"
-    found = sorted(cache.glob(f"sglang-{RELEASE}-*.whl"))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"sglang=={RELEASE}", "-d", str(cache)],
-            check=True,
-        )
-        found = sorted(cache.glob(f"sglang-{RELEASE}-*.whl"))
-    return found[0]
+    return fetch_wheel([sys.executable, "-m", "pip"], RELEASE)
 
 
 def main() -> int:

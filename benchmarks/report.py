@@ -65,11 +65,10 @@ def sort_section(results: list[dict], idx: dict[tuple, float], mode: str, padded
 
                 if key("ours_count") not in idx:
                     continue
-                ours, oc = idx.get(key("ours")), idx[key("ours_count")]
-                al, ar = idx.get(key("sgl_triton_align")), idx.get(key("torch_argsort"))
-                cost = f"{oc - ours:+.2f}" if ours is not None else "-"
+                ours, oc = idx[key("ours")], idx[key("ours_count")]
+                al, ar = idx[key("sgl_triton_align")], idx[key("torch_argsort")]
                 lines.append(
-                    f"| {NE}/{topk} | {B} | {M} | {ours:.2f} | {oc:.2f} | {cost} | {al:.2f} | {ar:.2f} | "
+                    f"| {NE}/{topk} | {B} | {M} | {ours:.2f} | {oc:.2f} | {oc - ours:+.2f} | {al:.2f} | {ar:.2f} | "
                     f"{al / oc:.1f}x | {ar / oc:.1f}x |"
                 )
     return lines + [""]

@@ -43,6 +43,7 @@ sys.path.insert(0, str(HERE))
 
 from peers_torch import torch_argsort_sort  # noqa: E402
 from sglang_amd_moe.kernels import mask_padded_rows_, mxfp4_moe_sort  # noqa: E402
+from sglang_amd_moe.kernels._validate import max_sorted_size  # noqa: E402
 
 GRAPH_CALLS = 20
 REPLAYS = 40
@@ -160,13 +161,18 @@ def mask_impls(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, fill_mod
     return {"ours": ours, "sgl_fill_x2": sgl_fill_x2, "eager_index_put": eager_index_put}
 
 
+def mask_inputs(M: int, topk: int, dev: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Routing ids and weights of ``M`` rows, half of them padded (the count is ``M // 2``)."""
+    ids = torch.randint(0, 256, (M, topk), dtype=torch.int32, device=dev)
+    w = torch.rand(M, topk, dtype=torch.float32, device=dev)
+    return ids, w, torch.tensor([M // 2], dtype=torch.int32, device=dev)
+
+
 def bench_mask(results: list[dict], fill_mod) -> None:
     dev = "cuda"
     for topk in MASK_TOPK:
         for M in MASK_M:
-            ids = torch.randint(0, 256, (M, topk), dtype=torch.int32, device=dev)
-            w = torch.rand(M, topk, dtype=torch.float32, device=dev)
-            count = torch.tensor([M // 2], dtype=torch.int32, device=dev)
+            ids, w, count = mask_inputs(M, topk, dev)
             impls = mask_impls(ids, w, count, fill_mod)
             graph_us = time_graphs(impls)
             for impl, fn in impls.items():
@@ -179,8 +185,7 @@ def bench_mask(results: list[dict], fill_mod) -> None:
 
 def sort_buffers(M: int, topk: int, NE: int, BM: int, dev: str) -> dict[str, torch.Tensor]:
     """Output buffers sized as aiter's ``_adaptive_moe_sort`` sizes them (BRIEF)."""
-    active = min(NE, M * topk)
-    max_sorted = triton.cdiv(M * topk + active * (BM - 1), BM) * BM
+    max_sorted = max_sorted_size(M, topk, NE, BM)
     return dict(
         sorted_token_ids=torch.empty(max_sorted, dtype=torch.int32, device=dev),
         sorted_expert_ids=torch.empty(max_sorted // BM, dtype=torch.int32, device=dev),
@@ -193,22 +198,33 @@ def sort_buffers(M: int, topk: int, NE: int, BM: int, dev: str) -> dict[str, tor
     )
 
 
+def sort_inputs(M: int, topk: int, NE: int, n: int, dev: str) -> tuple[torch.Tensor, ...]:
+    """Routing of ``M`` rows with -1 ids past the ``n`` real ones (as a padded CUDA-graph
+    batch has), weights, and the count."""
+    ids = torch.randint(0, NE, (M, topk), dtype=torch.int32, device=dev)
+    ids[n:] = -1
+    w = torch.rand(M, topk, dtype=torch.float32, device=dev)
+    return ids, w, torch.tensor([n], dtype=torch.int32, device=dev)
+
+
+def sort_call(fn: Callable, ids: torch.Tensor, w: torch.Tensor, out: dict[str, torch.Tensor],
+              NE: int, BM: int, count: torch.Tensor | None) -> Callable[[], None]:
+    """``fn`` (an ``mxfp4_moe_sort``) called with aiter's arguments into ``out``."""
+    M, topk = ids.shape
+    prologue = 0 if BM == 16 else 1
+    return lambda: fn(
+        ids, w, out["sorted_token_ids"], out["sorted_expert_ids"], out["cumsum_tensor"],
+        out["reverse_sorted"], out["sorted_weights"], out["m_indices"], out["bf16_zero_out"],
+        out["bf16_zero_workspace"], M, NE, topk, 7168, 2048, BM, prologue, count,
+    )
+
+
 def sort_impls(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, NE: int, BM: int,
                align_mod) -> dict[str, Callable[[], None]]:
     """``ids`` holds -1 past the count, as a padded CUDA-graph batch does."""
     M, topk = ids.shape
     dev = ids.device
     out = sort_buffers(M, topk, NE, BM, dev)
-    prologue = 0 if BM == 16 else 1
-
-    def ours_with(count_arg):
-        def fn():
-            mxfp4_moe_sort(
-                ids, w, out["sorted_token_ids"], out["sorted_expert_ids"], out["cumsum_tensor"],
-                out["reverse_sorted"], out["sorted_weights"], out["m_indices"], out["bf16_zero_out"],
-                out["bf16_zero_workspace"], M, NE, topk, 7168, 2048, BM, prologue, count_arg,
-            )
-        return fn
 
     # moe_align has no notion of a count and indexes its tables with the ids: give it
     # in-range ids for every row (what SGLang's CUDA path feeds it).
@@ -226,7 +242,8 @@ def sort_impls(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, NE: int,
     def torch_argsort():
         torch_argsort_sort(ids, w, NE, BM, count, argsort_out)
 
-    return {"ours": ours_with(None), "ours_count": ours_with(count),
+    return {"ours": sort_call(mxfp4_moe_sort, ids, w, out, NE, BM, None),
+            "ours_count": sort_call(mxfp4_moe_sort, ids, w, out, NE, BM, count),
             "sgl_triton_align": sgl_triton_align, "torch_argsort": torch_argsort}
 
 
@@ -237,10 +254,7 @@ def bench_sort(results: list[dict], align_mod, shapes, blocks, ms, checkpoint: C
             for M in ms:
                 for padded in ("half", "none"):
                     n = M if padded == "none" else max(M // 2, 1)
-                    ids = torch.randint(0, NE, (M, topk), dtype=torch.int32, device=dev)
-                    ids[n:] = -1
-                    w = torch.rand(M, topk, dtype=torch.float32, device=dev)
-                    count = torch.tensor([n], dtype=torch.int32, device=dev)
+                    ids, w, count = sort_inputs(M, topk, NE, n, dev)
                     impls = sort_impls(ids, w, count, NE, BM, align_mod)
                     graph_us = time_graphs(impls)
                     for impl, fn in impls.items():

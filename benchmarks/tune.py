@@ -45,7 +45,6 @@ from sglang_amd_moe.kernels import mask_padded_rows_  # noqa: E402
 mask_mod = importlib.import_module("sglang_amd_moe.kernels.mask_padded_rows")
 sort_mod = importlib.import_module("sglang_amd_moe.kernels.mxfp4_moe_sort")
 
-MASK_BLOCK = 512
 MASK_WARPS = [1, 2, 4, 8]
 SORT_VARIANTS: dict[str, dict[str, int]] = {
     "new": {},
@@ -136,30 +135,23 @@ def sweep_mask(sw: Sweep, dev: str, ms: list[int], topks: list[int]) -> None:
 
 
 def mask_group(sw: Sweep, dev: str, fill_mod, M: int, topk: int) -> None:
-    ids = torch.randint(0, 256, (M, topk), dtype=torch.int32, device=dev)
-    w = torch.rand(M, topk, dtype=torch.float32, device=dev)
-    count = torch.tensor([M // 2], dtype=torch.int32, device=dev)
-
-    block = min(MASK_BLOCK, triton.next_power_of_2(M * topk))
-    grid = triton.cdiv(M * topk, block)
+    ids, w, count = run.mask_inputs(M, topk, dev)
+    grid, block, _ = mask_mod.mask_launch_config(M, topk, flat=True)
 
     def current(warps: int) -> Callable[[], None]:
         return lambda: mask_mod._mask_padded_rows_kernel[(grid,)](
             ids, w, count, M, topk, topk, topk, 0,
             BLOCK_M=block, BLOCK_K=1, FLAT=True, WIDE=False, num_warps=warps)
 
-    def fill_x2() -> None:
-        fill_mod._fill_padded_rows(ids, count, 0)
-        fill_mod._fill_padded_rows(w, count, 0.0)
-
+    peers = run.mask_impls(ids, w, count, fill_mod)
     one = torch.zeros(1, dtype=torch.int32, device=dev)
     fns: dict[str, tuple[Callable[[], None], dict]] = {
         f"flat_w{nw}": (current(nw), {}) for nw in MASK_WARPS
     }
     fns["count_store_floor"] = (lambda: _count_store_kernel[(1,)](count, one), {})
-    fns["ours_api"] = (lambda: mask_padded_rows_(ids, w, count, 0), {})
+    fns["ours_api"] = (peers["ours"], {})
     fns["sgl_fill_x1"] = (lambda: fill_mod._fill_padded_rows(ids, count, 0), {})
-    fns["sgl_fill_x2"] = (fill_x2, {})
+    fns["sgl_fill_x2"] = (peers["sgl_fill_x2"], {})
     sw.group({"sweep": "mask", "M": M, "topk": topk}, fns)
 
 
@@ -173,26 +165,15 @@ def sweep_sort(sw: Sweep, dev: str, shapes: list[tuple[int, int]], ms: list[int]
         for M in ms:
             for padded in (("half", "none") if M in (512, 16384) else ("half",)):
                 n = M if padded == "none" else max(M // 2, 1)
-                ids = torch.randint(0, NE, (M, topk), dtype=torch.int32, device=dev)
-                ids[n:] = -1
-                w = torch.rand(M, topk, dtype=torch.float32, device=dev)
-                count = torch.tensor([n], dtype=torch.int32, device=dev)
+                ids, w, count = run.sort_inputs(M, topk, NE, n, dev)
                 out = run.sort_buffers(M, topk, NE, BM, dev)
-
-                def call(fn, count_arg, out=out, ids=ids, w=w, M=M, NE=NE, topk=topk):
-                    return lambda: fn(
-                        ids, w, out["sorted_token_ids"], out["sorted_expert_ids"],
-                        out["cumsum_tensor"], out["reverse_sorted"], out["sorted_weights"],
-                        out["m_indices"], out["bf16_zero_out"], out["bf16_zero_workspace"],
-                        M, NE, topk, 7168, 2048, BM, 0, count_arg)
-
                 fns: dict[str, tuple[Callable[[], None], dict]] = {}
                 impls = [(name, sort_mod.mxfp4_moe_sort, patch) for name, patch in SORT_VARIANTS.items()]
                 if base_mod is not None:
                     impls.insert(0, ("base", base_mod.mxfp4_moe_sort, {}))
                 for name, fn, patch in impls:
-                    fns[name] = (call(fn, None), patch)
-                    fns[name + "+count"] = (call(fn, count), patch)
+                    fns[name] = (run.sort_call(fn, ids, w, out, NE, BM, None), patch)
+                    fns[name + "+count"] = (run.sort_call(fn, ids, w, out, NE, BM, count), patch)
                 sw.group({"sweep": "sort", "NE": NE, "topk": topk, "M": M, "block": BM,
                           "padded": padded}, fns)
 
@@ -201,22 +182,15 @@ def profile_targets(dev: str) -> None:
     """Each target twice (the first call compiles), synchronized, for ``ncu`` to read."""
     BM = 16
     for label, NE, topk, M, n, with_count in PROFILE_SORTS:
-        ids = torch.randint(0, NE, (M, topk), dtype=torch.int32, device=dev)
-        ids[n:] = -1
-        w = torch.rand(M, topk, dtype=torch.float32, device=dev)
-        count = torch.tensor([n], dtype=torch.int32, device=dev) if with_count else None
+        ids, w, count = run.sort_inputs(M, topk, NE, n, dev)
         out = run.sort_buffers(M, topk, NE, BM, dev)
+        call = run.sort_call(sort_mod.mxfp4_moe_sort, ids, w, out, NE, BM, count if with_count else None)
         for _ in range(2):
-            sort_mod.mxfp4_moe_sort(
-                ids, w, out["sorted_token_ids"], out["sorted_expert_ids"], out["cumsum_tensor"],
-                out["reverse_sorted"], out["sorted_weights"], out["m_indices"], out["bf16_zero_out"],
-                out["bf16_zero_workspace"], M, NE, topk, 7168, 2048, BM, 0, count)
+            call()
             torch.cuda.synchronize()
         print("profiled:", label, sort_mod.sort_plan(M, NE, topk), flush=True)
     for M, topk in ((4096, 11), (1, 11)):
-        ids = torch.randint(0, 256, (M, topk), dtype=torch.int32, device=dev)
-        w = torch.rand(M, topk, dtype=torch.float32, device=dev)
-        count = torch.tensor([M // 2], dtype=torch.int32, device=dev)
+        ids, w, count = run.mask_inputs(M, topk, dev)
         for _ in range(2):
             mask_padded_rows_(ids, w, count, 0)
             torch.cuda.synchronize()
