@@ -26,11 +26,6 @@ $(VENV)/.ready: pyproject.toml tests/compat/build_env.py Makefile
 
 venv: $(VENV)/.ready
 
-# Per-release SGLang environments layered on .venv (share its torch). The CI subset
-# covers one release of each form; `make compat` builds and runs them all.
-$(COMPAT)/%/sglang_release.json: $(VENV)/.ready tests/compat/releases.py
-	$(PY) tests/compat/releases.py build $*
-
 # The real-server test (tests/server) needs the server's own extras; they live in a
 # layer on .venv, never in .venv itself (pins: the versions SGLang 0.5.23 resolves to).
 SERVER_EXTRAS := uvicorn==0.54.0 fastapi==0.165.0 uvloop==0.23.0 setproctitle==1.3.8 \
@@ -41,6 +36,8 @@ $(COMPAT)/server/layer.json: $(VENV)/.ready
 demo: venv
 	$(PY) -m sglang_amd_moe demo
 
+# Per-release SGLang environments layered on .venv (share its torch): the CI subset
+# covers one release of each form (`make compat` builds and runs them all).
 test: venv $(COMPAT)/server/layer.json
 	$(PY) tests/compat/releases.py build-ci
 	SGLANG_AMD_MOE_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q

@@ -53,10 +53,10 @@ def require_built(rel) -> None:
 
 
 def topk_source_path(rel) -> Path:
-    found = sorted(rel.venv.glob("lib/python*/site-packages/sglang/srt/layers/moe/topk.py"))
-    if not found:
+    path = rel.topk_path()
+    if path is None:
         pytest.fail(f"{rel.label}: no sglang/srt/layers/moe/topk.py under {rel.venv}")
-    return found[0]
+    return path
 
 
 def driver_env(mode: str) -> dict[str, str]:
