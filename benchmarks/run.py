@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 
 from peers_torch import torch_argsort_sort  # noqa: E402
 from sglang_amd_moe.kernels import mask_padded_rows_, mxfp4_moe_sort  # noqa: E402
-from sglang_amd_moe.kernels._validate import max_sorted_size  # noqa: E402
+from sglang_amd_moe.kernels.utils import max_sorted_size  # noqa: E402
 
 GRAPH_CALLS = 20
 REPLAYS = 40

@@ -43,7 +43,7 @@ import run  # noqa: E402
 from sglang_amd_moe.kernels import mask_padded_rows_  # noqa: E402
 
 mask_mod = importlib.import_module("sglang_amd_moe.kernels.mask_padded_rows")
-sort_mod = importlib.import_module("sglang_amd_moe.kernels.mxfp4_moe_sort")
+sort_mod = importlib.import_module("sglang_amd_moe.kernels.moe_sort")
 
 MASK_WARPS = [1, 2, 4, 8]
 SORT_VARIANTS: dict[str, dict[str, int]] = {

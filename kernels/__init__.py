@@ -1,22 +1,23 @@
 """Triton kernels (and their plain-torch references) imported as sglang_amd_moe.kernels.
 
-- :func:`mask_padded_rows_`: padded rows of MoE routing get a valid id and weight 0.
-- :func:`mxfp4_moe_sort` / :func:`adaptive_moe_sort`: aiter's MXFP4 aux sort and its
-  allocating wrapper, honoring ``num_local_tokens``.
-- ``*_reference``: plain-torch references the tests compare against.
+- :func:`mask_padded_rows_` (module ``mask_padded_rows``): padded rows of MoE routing
+  get a valid id and weight 0.
+- :func:`mxfp4_moe_sort` / :func:`adaptive_moe_sort` (module ``moe_sort``): aiter's
+  MXFP4 aux sort and its allocating wrapper, honoring ``num_local_tokens``.
+- ``*_reference`` (module ``reference``): plain-torch references the tests compare against.
+
+Helpers every kernel shares (backend choice, device guard, the one launch call) live in
+``utils``; argument checks in ``_validate``.
 """
 
-from .mask_padded_rows import mask_padded_rows_, triton_backend
-from .mxfp4_moe_sort import SortPlan, adaptive_moe_sort, mxfp4_moe_sort, sort_plan
+from .mask_padded_rows import mask_padded_rows_
+from .moe_sort import adaptive_moe_sort, mxfp4_moe_sort
 from .reference import mask_padded_rows_reference_, mxfp4_moe_sort_reference
 
 __all__ = [
-    "SortPlan",
     "adaptive_moe_sort",
     "mask_padded_rows_",
     "mask_padded_rows_reference_",
     "mxfp4_moe_sort",
     "mxfp4_moe_sort_reference",
-    "sort_plan",
-    "triton_backend",
 ]

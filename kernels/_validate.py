@@ -14,6 +14,8 @@ import operator
 
 import torch
 
+from .utils import max_sorted_size
+
 ID_DTYPES = (torch.int32, torch.int64)
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 COUNT_DTYPES = (torch.int32, torch.int64)
@@ -114,17 +116,6 @@ def check_mask_args(
     info = torch.iinfo(topk_ids.dtype)
     check_int("fill_value", fill_value, info.min, info.max)
     return check_count("num_token_non_padded", num_token_non_padded, topk_ids.device)
-
-
-def max_sorted_size(num_rows: int, topk: int, num_experts: int, block_size: int) -> int:
-    """Worst-case sorted length, exactly as aiter's ``_adaptive_moe_sort`` allocates it.
-
-    Every routed expert rounds its pair count up to a multiple of ``block_size``, so at
-    most ``min(num_experts, pairs)`` experts each add at most ``block_size - 1`` slots.
-    """
-    pairs = num_rows * topk
-    active = min(num_experts, pairs)
-    return ((pairs + active * (block_size - 1) + block_size - 1) // block_size) * block_size
 
 
 def _check_out(
@@ -237,7 +228,8 @@ def check_sort_args(
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0 or b.numel() == 0:
+    # Tensors on the meta device have no storage (every data_ptr is 0): they never overlap.
+    if a.numel() == 0 or b.numel() == 0 or a.device.type == "meta":
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()

@@ -21,15 +21,13 @@ was imported with ``TRITON_INTERPRET=1``, and the plain-torch reference otherwis
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from ._validate import check_mask_args
 from .reference import mask_padded_rows_reference_
+from .utils import device_guard, launch, triton_backend
 
 # Elements per program: small enough that a program finishes in well under a
 # microsecond, large enough that M = 4096 needs few programs. FLAT_BLOCK for contiguous
@@ -97,28 +95,6 @@ def _mask_padded_rows_kernel(
             tl.store(weights_ptr + rows64 * stride_weights + cols[None, :], zeros, mask=mask)
 
 
-def triton_backend(device: torch.device) -> str:
-    """How the kernels of this package run on ``device``.
-
-    ``"triton"`` on a GPU, ``"triton-interpreter"`` when Triton was imported with
-    ``TRITON_INTERPRET=1`` (any device), ``"torch-reference"`` on the CPU otherwise.
-    Triton decides interpretation once, when its (and our) kernels are decorated, so
-    setting the variable after ``import triton`` has no effect.
-    """
-    if isinstance(_mask_padded_rows_kernel, InterpretedFunction):
-        return "triton-interpreter"
-    if device.type == "cpu":
-        return "torch-reference"
-    return "triton"
-
-
-def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
-    """Make ``device`` current for a Triton launch (Triton launches on the current GPU)."""
-    if device.type == "cuda":
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
-
-
 def mask_launch_config(
     num_rows: int, num_cols: int, flat: bool = False
 ) -> tuple[int, int, int]:
@@ -152,7 +128,9 @@ def _launch_mask(
     flat = topk_ids.stride(0) == num_cols and topk_weights.stride(0) == num_cols
     grid, block_m, block_k = mask_launch_config(num_rows, num_cols, flat)
     with device_guard(topk_ids.device):
-        _mask_padded_rows_kernel[(grid,)](
+        launch(
+            _mask_padded_rows_kernel,
+            (grid,),
             topk_ids,
             topk_weights,
             num_token_non_padded,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._validate import check_mask_args, check_sort_args
+from .utils import real_rows
 
 
 def mask_padded_rows_reference_(
@@ -27,8 +28,7 @@ def mask_padded_rows_reference_(
     count = check_mask_args(topk_ids, topk_weights, num_token_non_padded, fill_value)
     if count is None:
         return
-    rows = topk_ids.shape[0]
-    n = min(max(int(count.item()), 0), rows)
+    n = real_rows(count, topk_ids.shape[0])
     topk_ids[n:] = fill_value
     topk_weights[n:] = 0
 
@@ -69,7 +69,7 @@ def mxfp4_moe_sort_reference(
         reverse_sorted, sorted_weights, m_indices, bf16_zero_out, bf16_zero_workspace,
         M_logical, NE, TOPK, D_HIDDEN, D_INTER, MB, prologue, num_local_tokens,
     )  # fmt: skip
-    n = m if count is None else min(max(int(count.item()), 0), m)
+    n = real_rows(count, m)
     ids = topk_ids[:m].tolist()
 
     # pairs_of[e]: pair indices routed to expert e, ascending.

@@ -223,7 +223,7 @@ class SortBuffers:
         """Zero-filled (aiter uses ``torch.empty``; slots nobody writes read as 0 here)."""
         # Imported here: importing the kernels imports Triton, which must come after the
         # check has chosen whether Triton interprets.
-        from sglang_amd_moe.kernels._validate import max_sorted_size
+        from sglang_amd_moe.kernels.utils import max_sorted_size
 
         n = max_sorted_size(m, k, ne, mb)
         i32 = {"dtype": torch.int32, "device": device}
@@ -365,8 +365,9 @@ def _package_sort(device: torch.device) -> tuple[Callable[..., None], str]:
     under ``TRITON_INTERPRET=1`` (exact, slow on the CPU), else its torch reference
     (the kernel's own CPU fallback)."""
     from sglang_amd_moe import kernels
+    from sglang_amd_moe.kernels.utils import triton_backend
 
-    return kernels.mxfp4_moe_sort, f"sglang_amd_moe.kernels.mxfp4_moe_sort ({kernels.triton_backend(device)})"
+    return kernels.mxfp4_moe_sort, f"sglang_amd_moe.kernels.mxfp4_moe_sort ({triton_backend(device)})"
 
 
 class AiterLikeMoE:

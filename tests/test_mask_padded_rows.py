@@ -14,8 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_amd_moe.kernels import mask_padded_rows_, mask_padded_rows_reference_
+from sglang_amd_moe.kernels.utils import triton_backend
 
-BACKEND = mask_mod.triton_backend(torch.device("cpu"))
+BACKEND = triton_backend(torch.device("cpu"))
 DEV = "cpu" if BACKEND == "triton-interpreter" else "cuda"
 if DEV == "cuda" and not torch.cuda.is_available():
     pytest.fail(
@@ -40,7 +41,7 @@ def _kernel_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_kernel_runs_through_triton() -> None:
     expected = "triton-interpreter" if DEV == "cpu" else "triton"
-    assert mask_mod.triton_backend(torch.device(DEV)) == expected
+    assert triton_backend(torch.device(DEV)) == expected
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,8 @@ the variable unset) the same tests run the compiled kernels on it.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
+import sglang_amd_moe.kernels.moe_sort as sort_mod
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,13 +19,9 @@ from sglang_amd_moe.kernels import (
     adaptive_moe_sort,
     mxfp4_moe_sort,
     mxfp4_moe_sort_reference,
-    sort_plan,
-    triton_backend,
 )
-from sglang_amd_moe.kernels._validate import max_sorted_size
-
-# The module, not the function of the same name that the package re-exports.
-sort_mod = importlib.import_module("sglang_amd_moe.kernels.mxfp4_moe_sort")
+from sglang_amd_moe.kernels.moe_sort import sort_plan
+from sglang_amd_moe.kernels.utils import max_sorted_size, triton_backend
 
 DEV = "cpu" if triton_backend(torch.device("cpu")) == "triton-interpreter" else "cuda"
 if DEV == "cuda" and not torch.cuda.is_available():

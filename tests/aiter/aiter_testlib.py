@@ -71,7 +71,7 @@ def reference_sort(
 ) -> dict[str, torch.Tensor]:
     """The plain-torch reference sort of ``ids[:rows]`` (all rows by default)."""
     from sglang_amd_moe.kernels import mxfp4_moe_sort_reference
-    from sglang_amd_moe.kernels._validate import max_sorted_size
+    from sglang_amd_moe.kernels.utils import max_sorted_size
 
     ids, weights = ids[:rows].cpu(), weights[:rows].cpu()
     M, K = ids.shape

@@ -58,10 +58,9 @@ from ._validate import (
     check_int,
     check_sort_args,
     check_tensor,
-    max_sorted_size,
 )
-from .mask_padded_rows import device_guard, triton_backend
 from .reference import mxfp4_moe_sort_reference
+from .utils import device_guard, launch, max_sorted_size, triton_backend
 
 # Pairs per chunk: a chunk's pairs are ranked with one [chunk, chunk] comparison (a
 # power of two; 64 keeps it at 32 values per thread with 4 warps). Up to
@@ -438,7 +437,9 @@ def mxfp4_moe_sort(
             buf = torch.empty(plan.scratch_elems, dtype=torch.int32, device=device)
             ranks_at = plan.scratch_elems - plan.chunks * plan.chunk_pairs
             scratch, ranks = buf[:ranks_at], buf[ranks_at:]
-            _sort_count_kernel[(plan.chunks,)](
+            launch(
+                _sort_count_kernel,
+                (plan.chunks,),
                 topk_ids,
                 count_arg,
                 scratch,
@@ -453,7 +454,9 @@ def mxfp4_moe_sort(
                 num_warps=COUNT_NUM_WARPS,
             )
             if plan.offset_programs:
-                _sort_offsets_kernel[(plan.offset_programs,)](
+                launch(
+                    _sort_offsets_kernel,
+                    (plan.offset_programs,),
                     scratch,
                     plan.chunks,
                     NE=ne,
@@ -462,7 +465,9 @@ def mxfp4_moe_sort(
                     num_warps=OFFSETS_NUM_WARPS,
                 )
         sort_programs = plan.chunks + plan.gap_programs
-        _sort_place_kernel[(sort_programs + plan.zero_programs,)](
+        launch(
+            _sort_place_kernel,
+            (sort_programs + plan.zero_programs,),
             topk_ids,
             topk_weight,
             count_arg,
