@@ -16,11 +16,11 @@ COMPAT := .compat
 
 .PHONY: venv demo test test-gpu compat bench bench-docs lint clean gpu-wheels
 
-$(VENV)/.ready: pyproject.toml tests/compat/build_env.py Makefile
+$(VENV)/.ready: pyproject.toml tools/compat/build_env.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PINS) packaging
-	$(PY) tests/compat/build_env.py --version $(SGLANG_MAIN) --into $(VENV)
+	$(PY) tools/compat/build_env.py --version $(SGLANG_MAIN) --into $(VENV)
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
@@ -31,7 +31,7 @@ venv: $(VENV)/.ready
 SERVER_EXTRAS := uvicorn==0.54.0 fastapi==0.165.0 uvloop==0.23.0 setproctitle==1.3.8 \
 	python-multipart==0.0.34 jsonschema==4.26.0 xgrammar==0.2.7 soundfile==0.13.1
 $(COMPAT)/server/layer.json: $(VENV)/.ready
-	$(PY) tests/compat/build_env.py --dest $(COMPAT)/server --shared $(VENV) --layer $(SERVER_EXTRAS)
+	$(PY) tools/compat/build_env.py --dest $(COMPAT)/server --shared $(VENV) --layer $(SERVER_EXTRAS)
 
 demo: venv
 	$(PY) -m sglang_amd_moe demo
@@ -39,8 +39,8 @@ demo: venv
 # Per-release SGLang environments layered on .venv (share its torch): the CI subset
 # covers one release of each form (`make compat` builds and runs them all).
 test: venv $(COMPAT)/server/layer.json
-	$(PY) tests/compat/releases.py build-ci
-	SGLANG_AMD_MOE_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q
+	$(PY) tools/compat/releases.py build-ci
+	SGLANG_AMD_MOE_TEST_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q
 	$(VENV)/bin/ruff check .
 
 # On a GPU machine with this package installed (benchmarks/device.sh does it there).
@@ -48,8 +48,8 @@ test-gpu:
 	bash benchmarks/device.sh tests
 
 compat: venv
-	$(PY) tests/compat/releases.py build-all
-	$(PY) tests/compat/releases.py matrix --out docs/compat.md
+	$(PY) tools/compat/releases.py build-all
+	$(PY) tools/compat/releases.py matrix --out docs/compat.md
 
 bench:
 	bash benchmarks/device.sh bench

@@ -25,7 +25,7 @@ MEMBERS = {
 }
 
 # The release and the wheel cache of the test environments (tests/compat).
-sys.path.insert(0, str(REPO / "tests" / "compat"))
+sys.path.insert(0, str(REPO / "tools" / "compat"))
 from build_env import fetch_wheel  # noqa: E402
 from releases import MAIN_RELEASE as RELEASE  # noqa: E402
 

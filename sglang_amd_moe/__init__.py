@@ -1,12 +1,15 @@
 """sglang-amd-moe: correct padded-row MoE routing on AMD GPUs for SGLang and aiter.
 
-The kernels live in :mod:`sglang_amd_moe.kernels`; the SGLang plugin entry point is
-:func:`sglang_amd_moe.plugin.register`; ``sglang-amd-moe audit`` reports what is
-installed and what the plugin changes.
+Where things are (``docs/architecture.md`` draws it):
+
+- :mod:`sglang_amd_moe.runtime`: everything that runs inside a server process. The
+  entry points (``runtime.plugin.register`` for SGLang, ``register_vllm`` for vLLM),
+  the form classifiers and the two hooks.
+- :mod:`sglang_amd_moe.kernels`: the Triton kernels the hooks call, with plain-torch
+  references.
+- :mod:`sglang_amd_moe.diagnostics`: what a user runs (``sglang-amd-moe audit``,
+  ``check``, ``demo``); never imported by the runtime.
+- ``sglang_amd_moe.patches``: unified diffs for people who patch their images.
 """
 
-import logging
-
 __version__ = "0.1.0"
-
-logger = logging.getLogger("sglang_amd_moe")

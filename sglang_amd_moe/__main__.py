@@ -2,6 +2,6 @@
 
 import sys
 
-from sglang_amd_moe.cli import main
+from sglang_amd_moe.diagnostics.cli import main
 
 sys.exit(main())

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_amd_moe import audit, patching
+from sglang_amd_moe.diagnostics import audit, patching
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "compat"))
+sys.path.insert(0, str(REPO / "tools" / "compat"))
 import releases  # noqa: E402
 
 STANDIN = REPO / "tests" / "aiter_standin"
@@ -229,7 +229,7 @@ def test_errors_exit_2(tmp_path: Path) -> None:
 def test_plain_audit_imports_nothing_heavy() -> None:
     code = (
         "import sys\n"
-        "from sglang_amd_moe import audit\n"
+        "from sglang_amd_moe.diagnostics import audit\n"
         "rc = audit.main([])\n"
         "heavy = [m for m in ('torch', 'sglang', 'aiter', 'triton') if m in sys.modules]\n"
         "print('HEAVY', heavy, 'RC', rc)\n"
@@ -259,10 +259,10 @@ def _with_standin(tmp: Path, extra_env: dict[str, str] | None = None) -> subproc
         (pkg / "__init__.py").symlink_to(STANDIN / "aiter" / "__init__.py")
         (pkg / "fused_moe.py").symlink_to(STANDIN_DROPPED)
     env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_AMD_MOE_DISABLE", "SGLANG_PLUGINS")}
-    env.update(PYTHONPATH=str(pkg.parent), SGLANG_AMD_MOE_AITER_STANDIN_SHAPE="no-rocm", **(extra_env or {}))
+    env.update(PYTHONPATH=str(pkg.parent), SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE="no-rocm", **(extra_env or {}))
     code = (
         "import json, sys\n"
-        "from sglang_amd_moe import audit\n"
+        "from sglang_amd_moe.diagnostics import audit\n"
         "rc, reps, view = audit.run(['--json'])\n"
         "print(json.dumps({'rc': rc, 'aiter_imported': 'aiter' in sys.modules,\n"
         "  't': [r.to_json() for r in reps]}))\n"

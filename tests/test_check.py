@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_amd_moe.kernels import mxfp4_moe_sort_reference
 
-from sglang_amd_moe import check, demo
-from sglang_amd_moe.tiny_moe import (
+from sglang_amd_moe.diagnostics import check, demo
+from sglang_amd_moe.diagnostics.tiny_moe import (
     AiterLikeMoE,
     SortBuffers,
     TinyMoE,
@@ -34,7 +34,7 @@ from sglang_amd_moe.tiny_moe import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "compat"))
+sys.path.insert(0, str(REPO / "tools" / "compat"))
 import releases  # noqa: E402
 
 ROW = re.compile(
@@ -100,7 +100,7 @@ def test_check_cli_old_release_shows_bug_on_installed_form(tmp_path: Path) -> No
     shows the garbage without the plugin, and matches with it."""
     rel = _release("0.5.13.post1")
     if not rel.is_built():  # a CI release: make test builds it, so missing is a failure
-        pytest.fail(f"{rel.venv} not built (python tests/compat/releases.py build {rel.label})")
+        pytest.fail(f"{rel.venv} not built (python tools/compat/releases.py build {rel.label})")
     proc, doc, rows = _run_check(rel.python, tmp_path, "--no-rebuilt")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert doc["sglang"] == "0.5.13.post1"
@@ -239,13 +239,13 @@ def test_rebuild_matches_the_real_reversed_0_5_14(tmp_path: Path) -> None:
     guard = _release("0.5.14-mask-under-eplb-guard")
     path = guard.topk_path()
     if path is None:  # a CI release: make test builds it, so missing is a failure
-        pytest.fail(f"{guard.venv} not built (python tests/compat/releases.py build {guard.label})")
-    diff = REPO / "tests" / "compat" / "reverse_28378_mask_under_eplb_guard.diff"
+        pytest.fail(f"{guard.venv} not built (python tools/compat/releases.py build {guard.label})")
+    diff = REPO / "tools" / "compat" / "reverse_28378_mask_under_eplb_guard.diff"
     fixed = tmp_path / "topk_0_5_14.py"
     subprocess.run(
         ["patch", "-R", "--batch", "-s", "-o", str(fixed), str(path), str(diff)], check=True
     )
-    from sglang_amd_moe.sglang_forms import classify_source
+    from sglang_amd_moe.runtime.sglang_forms import classify_source
 
     fixed_src = fixed.read_text()
     assert classify_source(fixed_src) == "fixed"
@@ -299,7 +299,7 @@ def test_write_checkpoint_loads_with_transformers(tmp_path: Path) -> None:
 
 
 def test_demo_status_is_the_checks_unless_the_audit_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang_amd_moe import audit
+    from sglang_amd_moe.diagnostics import audit
 
     calls = []
     monkeypatch.setattr(check, "main", lambda argv: calls.append(("check", argv)) or 1)

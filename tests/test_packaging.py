@@ -41,7 +41,7 @@ def test_wheel_layout(tmp_path: Path) -> None:
         next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     ).decode()
     assert "[sglang.srt.plugins]" in entry_points
-    assert "sglang_amd_moe = sglang_amd_moe.plugin:register" in entry_points
+    assert "sglang_amd_moe = sglang_amd_moe.runtime.plugin:register" in entry_points
     assert "[vllm.general_plugins]" in entry_points
 
 

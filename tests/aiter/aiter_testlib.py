@@ -25,7 +25,7 @@ def subprocess_env(shape: str | None = None) -> dict[str, str]:
     env.pop("PYTHONPATH", None)
     if shape is not None:
         env["PYTHONPATH"] = str(STANDIN)
-        env["SGLANG_AMD_MOE_AITER_STANDIN_SHAPE"] = shape
+        env["SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE"] = shape
     env["SGLANG_AMD_MOE_FORCE"] = "1"
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"

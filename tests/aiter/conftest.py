@@ -2,8 +2,8 @@
 
 The stand-in (``tests/aiter_standin``) is put on ``sys.path`` only here and in the
 subprocesses these tests start; it is never installed. Switching shapes in one process
-means forgetting every ``aiter`` module (the stand-in reads ``SGLANG_AMD_MOE_AITER_STANDIN_SHAPE`` at
-import) and undoing the hook (:func:`sglang_amd_moe.aiter_hook.uninstall`).
+means forgetting every ``aiter`` module (the stand-in reads ``SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE`` at
+import) and undoing the hook (:func:`sglang_amd_moe.runtime.aiter_hook.uninstall`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ def load_aiter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Module
     ``hook_first``: ``aiter_hook.install()`` runs before the import (the finder patches
     the module as it loads), else after it (patched in place); ``None``: no hook.
     """
-    from sglang_amd_moe import aiter_hook
+    from sglang_amd_moe.runtime import aiter_hook
 
     aiter_hook.uninstall()
     forget_aiter()
     monkeypatch.syspath_prepend(str(STANDIN))
 
     def load(shape: str, hook_first: bool | None = True) -> ModuleType:
-        monkeypatch.setenv("SGLANG_AMD_MOE_AITER_STANDIN_SHAPE", shape)
+        monkeypatch.setenv("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", shape)
         if hook_first:
             assert aiter_hook.install() == "pending"
         import aiter.fused_moe as fm

@@ -65,7 +65,7 @@ CHILD = textwrap.dedent(
     else:
         run_entry()
         use_aiter()
-    from sglang_amd_moe import aiter_hook
+    from sglang_amd_moe.runtime import aiter_hook
     result.update(form=aiter_hook.installed_form(), live=aiter_hook.is_live(),
                   aiter_imported="aiter" in sys.modules, status=aiter_hook.status(),
                   records=records)
@@ -103,8 +103,8 @@ def hook_records(result: dict) -> list[dict]:
 def test_declared_entry_points() -> None:
     vllm = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     sglang = {e.name: e.value for e in entry_points(group="sglang.srt.plugins")}
-    assert vllm.get("sglang_amd_moe") == "sglang_amd_moe.plugin:register_vllm"
-    assert sglang.get("sglang_amd_moe") == "sglang_amd_moe.plugin:register"
+    assert vllm.get("sglang_amd_moe") == "sglang_amd_moe.runtime.plugin:register_vllm"
+    assert sglang.get("sglang_amd_moe") == "sglang_amd_moe.runtime.plugin:register"
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_declared_entry_points() -> None:
 )
 def test_vllm_entry_point_patches_aiter_in_either_order(tmp_path, shape, order) -> None:
     r = run_child(tmp_path, order, "vllm", shape)
-    assert r["entry_point"] == "sglang_amd_moe.plugin:register_vllm"
+    assert r["entry_point"] == "sglang_amd_moe.runtime.plugin:register_vllm"
     assert r["form"] == shape and r["live"]
     # plugin first: the sort ran after the patch and honours the count;
     # aiter first: the sort ran before the plugin, so aiter sorted all 48 rows.

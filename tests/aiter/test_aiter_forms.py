@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from aiter_testlib import STANDIN
 
-from sglang_amd_moe import aiter_forms
-from sglang_amd_moe.aiter_forms import FORMS, analyze_source, classify_source
+from sglang_amd_moe.runtime import aiter_forms
+from sglang_amd_moe.runtime.aiter_forms import FORMS, analyze_source, classify_source
 
 SHAPES = STANDIN / "aiter" / "_shapes"
 DROPPED = (SHAPES / "count_dropped" / "fused_moe.py").read_text()

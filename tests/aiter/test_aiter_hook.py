@@ -21,7 +21,7 @@ from aiter_testlib import (
     reference_sort,
 )
 
-from sglang_amd_moe import aiter_hook
+from sglang_amd_moe.runtime import aiter_hook
 
 M, K, E, DIM = 48, 5, 33, 256
 # seed 003's shape for the count-rejected tree
@@ -311,7 +311,7 @@ def test_unknown_trees_are_left_alone_with_one_warning(
 ) -> None:
     load_aiter  # noqa: B018  (cleanup only)
     monkeypatch.syspath_prepend(str(_edited_standin(tmp_path, old, new)))
-    monkeypatch.setenv("SGLANG_AMD_MOE_AITER_STANDIN_SHAPE", "count-dropped")
+    monkeypatch.setenv("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", "count-dropped")
     caplog.set_level(logging.DEBUG, logger="sglang_amd_moe")
     assert aiter_hook.install() == "pending"
     import aiter.fused_moe as fm

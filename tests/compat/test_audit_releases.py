@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_amd_moe import patching
+from sglang_amd_moe.diagnostics import patching
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "compat"))
 import releases  # noqa: E402
 
 CI = [pytest.param(rel.label, id=rel.label) for rel in releases.RELEASES if rel.ci]
@@ -28,7 +28,7 @@ CI = [pytest.param(rel.label, id=rel.label) for rel in releases.RELEASES if rel.
 def _release(label: str) -> releases.Release:
     rel = releases.BY_LABEL[label]
     if not rel.is_built():
-        pytest.fail(f"CI release {label} is not built (`python tests/compat/releases.py build-ci`)")
+        pytest.fail(f"CI release {label} is not built (`python tools/compat/releases.py build-ci`)")
     return rel
 
 

@@ -5,7 +5,7 @@ Files come from the releases' own environments (``.compat/<label>``) or, for rel
 whose environment ``make test`` does not build, from the release wheel
 (``releases.topk_source``). GNU ``patch`` and ``git apply`` are checked too where they
 are installed, because those are what users run; the package's own applier
-(``sglang_amd_moe.patching``, used by the audit) must agree with them byte for byte.
+(``sglang_amd_moe.diagnostics.patching``, used by the audit) must agree with them byte for byte.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from sglang_amd_moe import patching
-from sglang_amd_moe.sglang_forms import classify_source
+from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.runtime.sglang_forms import classify_source
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "compat"))
 import releases  # noqa: E402
 
 REPO = releases.REPO

@@ -37,7 +37,7 @@ from aiter_testlib import (  # noqa: E402
     padded_routing,
 )
 
-from sglang_amd_moe import aiter_hook  # noqa: E402
+from sglang_amd_moe.runtime import aiter_hook  # noqa: E402
 
 DEV = "cuda"
 COUNTS = (1, 5, 47, 48, 0)
@@ -56,7 +56,7 @@ def standin(monkeypatch):
     monkeypatch.syspath_prepend(str(STANDIN))
 
     def load(shape: str):
-        monkeypatch.setenv("SGLANG_AMD_MOE_AITER_STANDIN_SHAPE", shape)
+        monkeypatch.setenv("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", shape)
         assert aiter_hook.install() == "pending"
         import aiter.fused_moe as fm
 

@@ -25,7 +25,7 @@ completion and checks the answer instead; if it stops anywhere else, it fails wi
 log, so the README's "Running it" section gets updated.
 
 The server's extra packages are not in ``.venv``; the test runs when the interpreter
-named by ``SGLANG_AMD_MOE_SERVER_PYTHON`` (default: this one) has them, else it skips.
+named by ``SGLANG_AMD_MOE_TEST_SERVER_PYTHON`` (default: this one) has them, else it skips.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SERVER_PY = os.environ.get("SGLANG_AMD_MOE_SERVER_PYTHON", sys.executable)
+SERVER_PY = os.environ.get("SGLANG_AMD_MOE_TEST_SERVER_PYTHON", sys.executable)
 # Modules launch_server imports beyond .venv's closure (package names in the README).
 EXTRA_MODULES = ("fastapi", "uvicorn", "uvloop", "setproctitle", "multipart", "jsonschema", "xgrammar", "soundfile")
 DEADLINE_S = 300
@@ -54,7 +54,7 @@ DEADLINE_S = 300
 # server's PYTHONPATH by the test only, prints them with the process's target function.
 PROBE = '''
 import logging, multiprocessing, os
-if os.environ.get("SGLANG_AMD_MOE_PROBE_LOGGING") == "1":
+if os.environ.get("SGLANG_AMD_MOE_TEST_PROBE_LOGGING") == "1":
     class _Target(logging.Filter):
         def filter(self, record):
             t = getattr(multiprocessing.current_process(), "_target", None)
@@ -120,7 +120,7 @@ def test_launch_server_on_cpu(tmp_path: Path) -> None:
     missing = _have_extras()
     if missing:
         msg = f"{SERVER_PY} lacks the server's extra packages ({missing}); see README 'Running it'"
-        if "SGLANG_AMD_MOE_SERVER_PYTHON" in os.environ:  # asked for explicitly (make test): must run
+        if "SGLANG_AMD_MOE_TEST_SERVER_PYTHON" in os.environ:  # asked for explicitly (make test): must run
             pytest.fail(msg)
         pytest.skip(msg)
 
@@ -140,7 +140,7 @@ def test_launch_server_on_cpu(tmp_path: Path) -> None:
         os.environ,
         SGLANG_AMD_MOE_FORCE="1",
         SGLANG_AMD_MOE_VERIFY="1",
-        SGLANG_AMD_MOE_PROBE_LOGGING="1",
+        SGLANG_AMD_MOE_TEST_PROBE_LOGGING="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(probe), os.environ.get("PYTHONPATH", "")) if p),
     )
     env.pop("SGLANG_USE_CPU_ENGINE", None)

@@ -84,10 +84,10 @@ def load(label: str) -> None:
             plugins.load_plugins()
             result.setdefault("loader", "sglang.srt.plugins.load_plugins")
         else:
-            from sglang_amd_moe.plugin import register
+            from sglang_amd_moe.runtime.plugin import register
 
             register()
-            result.setdefault("loader", "sglang_amd_moe.plugin.register (no loader in this release)")
+            result.setdefault("loader", "sglang_amd_moe.runtime.plugin.register (no loader in this release)")
         result[f"{label}_raised"] = None
     except BaseException as exc:  # the assertion is that this never happens
         result[f"{label}_raised"] = f"{type(exc).__name__}: {exc}"
@@ -100,7 +100,7 @@ def main() -> None:
         os.environ["SGLANG_PLUGINS"] = "some_other_plugin"
         os.environ["SGLANG_AMD_MOE_FORCE"] = "1"
         load("whitelist_load")
-        import sglang_amd_moe.sglang_hook as hook
+        import sglang_amd_moe.runtime.sglang_hook as hook
 
         result["whitelist_status"] = None if hook.status() is None else hook.status().form
         del os.environ["SGLANG_PLUGINS"], os.environ["SGLANG_AMD_MOE_FORCE"]
@@ -114,14 +114,14 @@ def main() -> None:
         tk = importlib.import_module("sglang.srt.layers.moe.topk")
     except Exception as exc:  # e.g. 0.5.10 needs sgl_kernel's CUDA 12 libraries
         result["topk_import_error"] = f"{type(exc).__name__}: {exc}"
-        from sglang_amd_moe import sglang_hook
+        from sglang_amd_moe.runtime import sglang_hook
 
         st = sglang_hook.status()
         result["status"] = None if st is None else {"form": st.form, "hooked": st.hooked, "message": st.message}
         return
     tick("import_topk", t)
     tk._is_hip, tk._is_cuda = True, False  # take the HIP branch on this CPU
-    import sglang_amd_moe.sglang_hook as hook
+    import sglang_amd_moe.runtime.sglang_hook as hook
 
     result["topk_file"] = tk.__file__
     original = getattr(tk, "_post_process_topk_ids", None)
@@ -295,7 +295,7 @@ def main() -> None:
         if plugins is not None and hasattr(plugins, "_plugins_loaded"):
             plugins._plugins_loaded = False  # really run every plugin a second time
             load("load_plugins_3")
-        from sglang_amd_moe.plugin import register
+        from sglang_amd_moe.runtime.plugin import register
 
         try:
             register()
@@ -332,7 +332,7 @@ def main() -> None:
             result["observer_applied"] = tk._post_process_topk_ids is not original
         # SGLANG_AMD_MOE_VERIFY=1: the entry point called again, now with the check on.
         os.environ["SGLANG_AMD_MOE_VERIFY"] = "1"
-        from sglang_amd_moe.plugin import register
+        from sglang_amd_moe.runtime.plugin import register
 
         try:
             register()
@@ -388,8 +388,8 @@ def unknown_form(tk, call) -> None:
     result["bare"] = call(None)
     result["bare_unpadded"] = call(None, padded=False)
     os.environ["SGLANG_AMD_MOE_FORCE"] = "1"
-    from sglang_amd_moe import sglang_hook
-    from sglang_amd_moe.plugin import register
+    from sglang_amd_moe.runtime import sglang_hook
+    from sglang_amd_moe.runtime.plugin import register
 
     try:
         register()

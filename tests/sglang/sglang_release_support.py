@@ -1,9 +1,9 @@
 """Release selection for the tests in tests/sglang (imported by conftest and tests).
 
-Every release in ``tests/compat/releases.py`` is a parameter (test ids carry its label,
+Every release in ``tools/compat/releases.py`` is a parameter (test ids carry its label,
 so ``pytest tests/sglang -k 0.5.13.post1`` selects one). Releases with ``ci=True`` must
 be built (``make test`` builds them first): a missing one fails rather than skips.
-Others run when built and skip otherwise. ``SGLANG_AMD_MOE_RELEASES=a,b`` restricts the
+Others run when built and skip otherwise. ``SGLANG_AMD_MOE_TEST_RELEASES=a,b`` restricts the
 run to those labels and requires them built (``make compat`` uses it).
 """
 
@@ -21,12 +21,12 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DRIVER = HERE / "driver.py"
-_spec = importlib.util.spec_from_file_location("_compat_releases", REPO / "tests" / "compat" / "releases.py")
+_spec = importlib.util.spec_from_file_location("_compat_releases", REPO / "tools" / "compat" / "releases.py")
 releases = importlib.util.module_from_spec(_spec)
 sys.modules["_compat_releases"] = releases
 _spec.loader.exec_module(releases)
 
-ENV_VAR = "SGLANG_AMD_MOE_RELEASES"
+ENV_VAR = "SGLANG_AMD_MOE_TEST_RELEASES"
 
 
 def selected_releases() -> tuple[list, bool]:
@@ -46,7 +46,7 @@ def require_built(rel) -> None:
     if rel.is_built():
         return
     _, forced = selected_releases()
-    how = f"`{sys.executable} tests/compat/releases.py build {rel.label}`"
+    how = f"`{sys.executable} tools/compat/releases.py build {rel.label}`"
     if rel.ci or forced:
         pytest.fail(f"SGLang {rel.label} is required here but not built at {rel.venv}: run {how}")
     pytest.skip(f"SGLang {rel.label} not built (optional; {how})")

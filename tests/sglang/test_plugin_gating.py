@@ -9,7 +9,7 @@ import sys
 import pytest
 from sglang_release_support import releases, require_built
 
-from sglang_amd_moe import plugin, sglang_hook
+from sglang_amd_moe.runtime import plugin, sglang_hook
 
 MAIN = releases.BY_LABEL[releases.MAIN_RELEASE]
 

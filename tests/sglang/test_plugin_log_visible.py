@@ -10,7 +10,7 @@ import sys
 
 CODE = """
 import logging
-from sglang_amd_moe import plugin
+from sglang_amd_moe.runtime import plugin
 plugin.register()
 plugin.register()  # idempotent: no second line
 logging.basicConfig(level=logging.INFO)  # SGLang configuring logging afterwards

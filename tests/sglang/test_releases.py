@@ -31,7 +31,7 @@ from sglang_release_support import (
     topk_source_path,
 )
 
-from sglang_amd_moe.sglang_forms import ACTIONS, analyze_source
+from sglang_amd_moe.runtime.sglang_forms import ACTIONS, analyze_source
 
 N_REAL, E, K = 5, 16, 4
 BROKEN = ("no-hip-handling", "weights-only", "mask-under-eplb-guard")
@@ -102,7 +102,7 @@ def test_plugin_hooks_exactly_the_broken_forms(release, driven) -> None:
     assert len(lines) == 1, lines
     if plugin.get("topk_import_error") and not release.has_plugin_loader:
         # register() called directly (no loader): it explains and leaves SGLang alone.
-        assert plugin["loader"].startswith("sglang_amd_moe.plugin.register")
+        assert plugin["loader"].startswith("sglang_amd_moe.runtime.plugin.register")
         assert lines[0]["level"] == "WARNING"
         assert f"form={form} -> cannot import sglang.srt.layers.moe.topk" in lines[0]["msg"]
         assert "SGLang left untouched" in lines[0]["msg"]

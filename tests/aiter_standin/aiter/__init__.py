@@ -3,7 +3,7 @@
 Why it exists: real aiter cannot be imported without ROCm (its JIT looks for the ROCm
 version file at import), yet the plugin's aiter hook must be tested on a CPU machine
 against aiter's exact API. This package reproduces, name for name, the parts of aiter
-that ``sglang_amd_moe.aiter_hook`` reads, wraps or calls, and nothing more:
+that ``sglang_amd_moe.runtime.aiter_hook`` reads, wraps or calls, and nothing more:
 
 - ``aiter.fused_moe``: ``_adaptive_moe_sort``, ``_moe_sorting_impl``, ``moe_sorting``,
   ``fused_moe``/``fused_moe_`` and (``count-rejected`` tree) ``_is_mxfp4_inline_sort`` and
@@ -18,9 +18,9 @@ Every sort writes BRIEF section 2's output contract through this project's plain
 reference ``sglang_amd_moe.kernels.mxfp4_moe_sort_reference``. The MoE GEMM stages,
 quantisation, tuned-config CSVs and the JIT are not reproduced (see ``fused_moe``).
 
-``SGLANG_AMD_MOE_AITER_STANDIN_SHAPE`` (read here, at import) selects which upstream tree
+``SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE`` (read here, at import) selects which upstream tree
 ``aiter.fused_moe`` stands for; each tree is a separate file under ``_shapes/`` so that
-its text classifies as that tree would (``sglang_amd_moe.aiter_forms``):
+its text classifies as that tree would (``sglang_amd_moe.runtime.aiter_forms``):
 
 ``count-dropped`` (default)
     aiter main as read in Aug 2026 (``aiter/fused_moe.py`` with ``output_aux`` and
@@ -38,9 +38,9 @@ import logging
 import os
 
 SHAPES = ("count-dropped", "count-rejected", "no-rocm")
-STANDIN_SHAPE = os.environ.get("SGLANG_AMD_MOE_AITER_STANDIN_SHAPE", "count-dropped")
+STANDIN_SHAPE = os.environ.get("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", "count-dropped")
 if STANDIN_SHAPE not in SHAPES:
-    raise ValueError(f"SGLANG_AMD_MOE_AITER_STANDIN_SHAPE must be one of {SHAPES}, got {STANDIN_SHAPE!r}")
+    raise ValueError(f"SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE must be one of {SHAPES}, got {STANDIN_SHAPE!r}")
 if STANDIN_SHAPE == "no-rocm":
     # What the real package does off ROCm (its JIT reads the ROCm version file).
     raise FileNotFoundError(

@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sglang_amd_moe import _env
-from sglang_amd_moe._rebind import rebind_copies
-from sglang_amd_moe.sglang_forms import (
+from sglang_amd_moe.runtime import env as _env
+from sglang_amd_moe.runtime.rebind import rebind_copies
+from sglang_amd_moe.runtime.sglang_forms import (
     ACTIONS,
     FUNCTION_NAME,
     REMAP_PREDICATES,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_amd_moe import _env
+from sglang_amd_moe.runtime import env as _env
 
 logger = logging.getLogger("sglang_amd_moe")
 _AITER_MISSING_LOGGED = False
@@ -53,7 +53,7 @@ def register() -> None:
         logger.info("sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked")
         return
     try:
-        from sglang_amd_moe import sglang_hook
+        from sglang_amd_moe.runtime import sglang_hook
 
         sglang_hook.install()
     except Exception:  # install() itself never raises; this guards its import
@@ -73,7 +73,7 @@ def register_vllm() -> None:
 def _install_aiter() -> None:
     global _AITER_MISSING_LOGGED
     try:
-        from sglang_amd_moe import aiter_hook
+        from sglang_amd_moe.runtime import aiter_hook
     except ImportError as exc:
         if not _AITER_MISSING_LOGGED:
             logger.warning("sglang-amd-moe: aiter hook unavailable (%s); aiter left untouched", exc)

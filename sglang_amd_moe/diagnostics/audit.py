@@ -46,7 +46,9 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sglang_amd_moe import _env, aiter_forms, patching, sglang_forms
+from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.runtime import aiter_forms, sglang_forms
+from sglang_amd_moe.runtime import env as _env
 
 #: Keys every target has in ``--json`` output (more may follow them).
 JSON_KEYS = (
@@ -64,11 +66,11 @@ JSON_KEYS = (
 
 SGLANG = "sglang"
 AITER = "aiter"
-_HOOK_MODULES = {SGLANG: "sglang_amd_moe.sglang_hook", AITER: "sglang_amd_moe.aiter_hook"}
+_HOOK_MODULES = {SGLANG: "sglang_amd_moe.runtime.sglang_hook", AITER: "sglang_amd_moe.runtime.aiter_hook"}
 SGLANG_REL = Path("srt/layers/moe/topk.py")
 AITER_REL = Path("fused_moe.py")
-OUR_SGLANG_EP = "sglang_amd_moe.plugin:register"
-OUR_VLLM_EP = "sglang_amd_moe.plugin:register_vllm"
+OUR_SGLANG_EP = "sglang_amd_moe.runtime.plugin:register"
+OUR_VLLM_EP = "sglang_amd_moe.runtime.plugin:register_vllm"
 #: Forms that need nothing from anyone.
 GOOD_FORMS = {"fixed", "count-honored", "absent"}
 #: Forms the plugin hooks to fix (``unknown`` only gets a guard and always needs attention).

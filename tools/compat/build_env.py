@@ -155,11 +155,11 @@ def make_layered_venv(dest: Path, shared: Path) -> None:
 
 def apply_patch(venv: Path, patch_file: Path) -> None:
     """Apply a one-file unified diff to the installed release with the project's own
-    applier (``sglang_amd_moe.patching``, as ``releases.topk_source`` does), so building
+    applier (``sglang_amd_moe.diagnostics.patching``, as ``releases.topk_source`` does), so building
     needs no ``patch`` program."""
     sys.path.insert(0, str(REPO))
     try:
-        from sglang_amd_moe import patching
+        from sglang_amd_moe.diagnostics import patching
     finally:
         sys.path.pop(0)
     text = patch_file.read_text()

@@ -3,7 +3,7 @@ rejects it (issue 4; BRIEF section 2).
 
 ``num_local_tokens`` is the real row count of a padded CUDA-graph batch, a 1-element
 device tensor (ATOM passes it on every forward). What the installed aiter does with it is
-read off the text of ``aiter/fused_moe.py`` by :mod:`sglang_amd_moe.aiter_forms`, never
+read off the text of ``aiter/fused_moe.py`` by :mod:`sglang_amd_moe.runtime.aiter_forms`, never
 from a version string, and this module acts per form:
 
 ``count-dropped`` (aiter main, Aug 2026)
@@ -51,8 +51,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_amd_moe import aiter_forms
-from sglang_amd_moe._rebind import rebind_copies
+from sglang_amd_moe.runtime import aiter_forms
+from sglang_amd_moe.runtime.rebind import rebind_copies
 
 logger = logging.getLogger("sglang_amd_moe")
 

@@ -19,14 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print("usage: sglang-amd-moe demo [check options]\n\n" + (__doc__ or "").strip())
         return 0
-    from sglang_amd_moe import check
+    from sglang_amd_moe.diagnostics import check
 
     # Before the audit can import triton (see check.use_triton_interpreter).
     device = argv[argv.index("--device") + 1] if "--device" in argv[:-1] else "cpu"
     check.use_triton_interpreter(device)
     print("== sglang-amd-moe audit", flush=True)
     try:
-        from sglang_amd_moe import audit
+        from sglang_amd_moe.diagnostics import audit
 
         audit_status = int(audit.main([]) or 0)
     except Exception as exc:  # the audit must not hide the check; report and go on

@@ -33,7 +33,7 @@ import ast
 import hashlib
 from dataclasses import dataclass, field
 
-from sglang_amd_moe._astutil import call_name, param_names
+from sglang_amd_moe.runtime.astutil import call_name, param_names
 
 FUNCTION_NAME = "_post_process_topk_ids"
 

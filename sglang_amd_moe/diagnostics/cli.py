@@ -11,9 +11,9 @@ import logging
 import sys
 
 SUBCOMMANDS = {
-    "audit": ("sglang_amd_moe.audit", "what is installed, what is broken, what the plugin changes"),
-    "check": ("sglang_amd_moe.check", "padded-batch end-to-end check on a small MoE model"),
-    "demo": ("sglang_amd_moe.demo", "audit, then check: what `make demo` runs"),
+    "audit": ("sglang_amd_moe.diagnostics.audit", "what is installed, what is broken, what the plugin changes"),
+    "check": ("sglang_amd_moe.diagnostics.check", "padded-batch end-to-end check on a small MoE model"),
+    "demo": ("sglang_amd_moe.diagnostics.demo", "audit, then check: what `make demo` runs"),
 }
 
 

@@ -3,7 +3,7 @@
 Why: the users' symptom was end to end (GSM8K 0.94 -> ~0.1 on AMD): garbage expert ids
 in padded CUDA-graph rows reached aiter's MoE kernels and corrupted real tokens. This
 command shows the whole path on a small MoE model built in memory
-(:mod:`sglang_amd_moe.tiny_moe`), on the CPU by default:
+(:mod:`sglang_amd_moe.diagnostics.tiny_moe`), on the CPU by default:
 
 1. Real tokens padded to a CUDA-graph bucket (5 of 8, 47 of 48, 200 of 256); padded rows
    hold garbage activations (NaN rows and rows of +-1e30).
@@ -12,7 +12,7 @@ command shows the whole path on a small MoE model built in memory
    _is_cuda=False`` on the topk module), ``num_token_non_padded`` set as a CUDA graph
    sets it.
 3. An aiter-like consumer sorts (this package's MXFP4 sort), runs the per-expert MLP and
-   reduces (:class:`sglang_amd_moe.tiny_moe.AiterLikeMoE`), called the way SGLang calls
+   reduces (:class:`sglang_amd_moe.diagnostics.tiny_moe.AiterLikeMoE`), called the way SGLang calls
    aiter's ``fused_moe`` (no ``num_local_tokens``).
 4. The real rows are compared with an unpadded run of the same tokens.
 
@@ -49,8 +49,13 @@ from dataclasses import asdict, dataclass, field
 from types import ModuleType
 from typing import Any
 
-from sglang_amd_moe._astutil import call_name
-from sglang_amd_moe.sglang_forms import FUNCTION_NAME, hip_branches, predicate_vars, refs_predicate
+from sglang_amd_moe.runtime.astutil import call_name
+from sglang_amd_moe.runtime.sglang_forms import (
+    FUNCTION_NAME,
+    hip_branches,
+    predicate_vars,
+    refs_predicate,
+)
 
 logger = logging.getLogger("sglang_amd_moe")
 
@@ -165,7 +170,7 @@ def rebuild_source(source: str) -> str:
 
     This is a reconstruction of upstream main between PRs 28188 and 28378 (never
     released), made on whatever release is installed; tests use the real 0.5.14 source
-    with the upstream fix reversed (``tests/compat/reverse_28378_mask_under_eplb_guard.diff``).
+    with the upstream fix reversed (``tools/compat/reverse_28378_mask_under_eplb_guard.diff``).
     Raises :class:`RebuildError` when the function has no mask outside the guard to move
     (forms ``no-hip-handling``, ``weights-only``, or already ``mask-under-eplb-guard``).
     """
@@ -312,7 +317,7 @@ class Bench:
 def build_bench(device: str) -> Bench:
     import torch
 
-    from sglang_amd_moe.tiny_moe import AiterLikeMoE, TinyMoE, TinyMoEConfig
+    from sglang_amd_moe.diagnostics.tiny_moe import AiterLikeMoE, TinyMoE, TinyMoEConfig
 
     cfg = TinyMoEConfig()
     model = TinyMoE(cfg, device)
@@ -337,7 +342,7 @@ def padded_hidden(bench: Bench, n: int, m: int) -> Any:
 def run_model(bench: Bench, mod: ModuleType, n: int, m: int) -> tuple[Any, Any]:
     """Run the model on ``n`` real of ``m`` rows through SGLang's ``select_experts``;
     return the final hidden states and the consumer's summed stats."""
-    from sglang_amd_moe.tiny_moe import ConsumerStats, hip_router_for
+    from sglang_amd_moe.diagnostics.tiny_moe import ConsumerStats, hip_router_for
 
     torch = bench.torch
     cfg = bench.cfg
@@ -414,17 +419,17 @@ def load_plugin() -> tuple[bool, str]:
         from sglang.srt.plugins import load_plugins
     except ImportError:
         # SGLang 0.5.10 and earlier: no plugin loader; call our entry point directly.
-        from sglang_amd_moe import plugin
+        from sglang_amd_moe.runtime import plugin
 
         plugin.register()
-        how = "no sglang.srt.plugins in this release: called sglang_amd_moe.plugin.register()"
+        how = "no sglang.srt.plugins in this release: called sglang_amd_moe.runtime.plugin.register()"
     else:
         load_plugins()
         how = "sglang.srt.plugins.load_plugins()"
     try:
-        from sglang_amd_moe import sglang_hook
+        from sglang_amd_moe.runtime import sglang_hook
     except ImportError as exc:
-        return False, f"{how}; sglang_amd_moe.sglang_hook unavailable ({exc})"
+        return False, f"{how}; sglang_amd_moe.runtime.sglang_hook unavailable ({exc})"
     live = bool(sglang_hook.is_live())
     state = sglang_hook.status() if hasattr(sglang_hook, "status") else None
     message = getattr(state, "message", "") if state is not None else ""
@@ -467,7 +472,7 @@ def _row_from_dict(d: dict[str, Any]) -> RowResult:
 
 def start_worker(device: str) -> subprocess.Popen:
     env = dict(os.environ, SGLANG_AMD_MOE_FORCE="1")
-    cmd = [sys.executable, "-m", "sglang_amd_moe.check", "--worker", "rebuilt-plugin", "--device", device]
+    cmd = [sys.executable, "-m", "sglang_amd_moe.diagnostics.check", "--worker", "rebuilt-plugin", "--device", device]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -599,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     use_triton_interpreter(args.device)
     if args.write_checkpoint:
-        from sglang_amd_moe.tiny_moe import TinyMoE, TinyMoEConfig
+        from sglang_amd_moe.diagnostics.tiny_moe import TinyMoE, TinyMoEConfig
 
         files = write_checkpoint_dir(TinyMoE(TinyMoEConfig()), args.write_checkpoint)
         for f in files:
@@ -613,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_checkpoint_dir(model: Any, out: str) -> list[Any]:
-    from sglang_amd_moe.tiny_moe import write_checkpoint
+    from sglang_amd_moe.diagnostics.tiny_moe import write_checkpoint
 
     return write_checkpoint(model, out)
 
@@ -636,7 +641,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _check_main(args: argparse.Namespace, worker: subprocess.Popen | None, t0: float) -> int:
-    from sglang_amd_moe.sglang_forms import classify_source
+    from sglang_amd_moe.runtime.sglang_forms import classify_source
 
     try:
         mod = import_topk()

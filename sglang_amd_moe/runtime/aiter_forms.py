@@ -38,7 +38,7 @@ import ast
 import hashlib
 from dataclasses import dataclass, field
 
-from sglang_amd_moe._astutil import call_name, param_names
+from sglang_amd_moe.runtime.astutil import call_name, param_names
 
 FORMS: tuple[str, ...] = ("count-dropped", "count-rejected", "count-honored", "absent", "unknown")
 
