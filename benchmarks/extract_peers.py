@@ -12,6 +12,7 @@ folder ``benchmarks/_peers/`` is git-ignored and travels to the GPU machine with
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -24,25 +25,28 @@ MEMBERS = {
     "sglang/kernels/ops/moe/fill_padded_rows.py": "fill_padded_rows.py",
 }
 
-# The release and the wheel cache of the test environments (tests/compat).
-sys.path.insert(0, str(REPO / "tools" / "compat"))
-from build_env import fetch_wheel  # noqa: E402
-from releases import MAIN_RELEASE as RELEASE  # noqa: E402
-
-sys.path.pop(0)
-
 
 def wheel_path() -> Path:
-    return fetch_wheel([sys.executable, "-m", "pip"], RELEASE)
+    """The main test release's wheel, from the test environments' wheel cache
+    (``tools/compat/releases.py wheel`` prints its path last, after any download log)."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "compat" / "releases.py"), "wheel"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
     PEERS.mkdir(exist_ok=True)
-    with zipfile.ZipFile(wheel_path()) as zf:
+    wheel = wheel_path()
+    release = wheel.name.split("-")[1]  # sglang-<version>-<tags>.whl
+    with zipfile.ZipFile(wheel) as zf:
         for member, name in MEMBERS.items():
             (PEERS / name).write_bytes(zf.read(member))
             print(f"extracted {member} -> {PEERS / name}")
-    (PEERS / "SOURCE.txt").write_text(f"extracted from sglang=={RELEASE}: {', '.join(MEMBERS)}\n")
+    (PEERS / "SOURCE.txt").write_text(f"extracted from sglang=={release}: {', '.join(MEMBERS)}\n")
     return 0
 
 

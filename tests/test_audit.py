@@ -15,14 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import releases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_amd_moe.diagnostics import audit, patching
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools" / "compat"))
-import releases  # noqa: E402
 
 STANDIN = REPO / "tests" / "aiter_standin"
 STANDIN_DROPPED = STANDIN / "aiter" / "_shapes" / "count_dropped" / "fused_moe.py"

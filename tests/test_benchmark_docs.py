@@ -7,29 +7,20 @@ benchmarks/ncu_summary.py, so that no number in the docs is typed in by hand.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
+import ncu_summary  # benchmarks/, on pytest's pythonpath
 import pytest
+import report  # benchmarks/, on pytest's pythonpath
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_benchmarks_md_is_generated_from_the_committed_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    report = _load("report")
     # Plots are drawn on the GPU machine; here reuse the committed ones, as `make
     # bench-docs` does where matplotlib is missing.
     monkeypatch.setattr(report, "plot", lambda results, out_dir: [])
@@ -49,7 +40,7 @@ def test_benchmarks_md_is_generated_from_the_committed_json(
 
 @pytest.mark.parametrize("csv_name", ["ncu-run1.csv", "ncu-run4.csv"])
 def test_profile_md_quotes_the_committed_ncu_tables(csv_name: str) -> None:
-    table = _load("ncu_summary").summarize(BENCH / "results" / csv_name)
+    table = ncu_summary.summarize(BENCH / "results" / csv_name)
     assert len(table) > 10 and table[2].startswith("| # | kernel |")
     profile = (REPO / "docs" / "profile.md").read_text()
     assert "\n".join(table) in profile, f"docs/profile.md does not hold the table of {csv_name}"

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import releases
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,8 +35,6 @@ from sglang_amd_moe.diagnostics.tiny_moe import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools" / "compat"))
-import releases  # noqa: E402
 
 ROW = re.compile(
     r"^(?P<source>installed|rebuilt): (?P<form>\S+)\s+(?P<n>\d+) of (?P<m>\d+) \|\s+(?P<err>\S+)\s+"

@@ -12,15 +12,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+import releases
 
 from sglang_amd_moe.diagnostics import patching
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "compat"))
-import releases  # noqa: E402
 
 CI = [pytest.param(rel.label, id=rel.label) for rel in releases.RELEASES if rel.ci]
 

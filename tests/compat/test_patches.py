@@ -14,16 +14,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import releases
 
 from sglang_amd_moe.diagnostics import patching
 from sglang_amd_moe.runtime.sglang_forms import classify_source
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "compat"))
-import releases  # noqa: E402
 
 REPO = releases.REPO
 UPSTREAM_PATH = "python/sglang/srt/layers/moe/topk.py"

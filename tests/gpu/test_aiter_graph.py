@@ -13,8 +13,6 @@ Skipped without a CUDA/HIP device (``make test-gpu`` runs this folder on one).
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,10 +24,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         "GPU tests run the compiled kernels: unset TRITON_INTERPRET", allow_module_level=True
     )
 
-TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS / "aiter"))  # aiter_testlib (no conftest fixtures needed)
-
-from aiter_testlib import (  # noqa: E402
+from aiter_testlib import (  # noqa: E402  (tests/aiter, on pytest's pythonpath)
     SORT_OUTPUTS,
     STANDIN,
     assert_sort_of_leading_rows,

@@ -9,7 +9,6 @@ run to those labels and requires them built (``make compat`` uses it).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,14 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import releases  # tools/compat, on pytest's pythonpath
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 DRIVER = HERE / "driver.py"
-_spec = importlib.util.spec_from_file_location("_compat_releases", REPO / "tools" / "compat" / "releases.py")
-releases = importlib.util.module_from_spec(_spec)
-sys.modules["_compat_releases"] = releases
-_spec.loader.exec_module(releases)
 
 ENV_VAR = "SGLANG_AMD_MOE_TEST_RELEASES"
 

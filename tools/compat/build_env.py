@@ -134,7 +134,11 @@ def closure_requirements(pins: dict[str, str]) -> list[str]:
 
 def site_packages(venv: Path) -> Path:
     out = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -150,18 +154,20 @@ def make_layered_venv(dest: Path, shared: Path) -> None:
     own_sp = site_packages(dest)
     # Appended after the venv's own site-packages: its packages win, the shared
     # venv supplies the rest (and runs its .pth files: editable installs).
-    (own_sp / "zz_shared_venv.pth").write_text(f"import site; site.addsitedir({str(shared_sp)!r})\n")
+    (own_sp / "zz_shared_venv.pth").write_text(
+        f"import site; site.addsitedir({str(shared_sp)!r})\n"
+    )
 
 
 def apply_patch(venv: Path, patch_file: Path) -> None:
     """Apply a one-file unified diff to the installed release with the project's own
     applier (``sglang_amd_moe.diagnostics.patching``, as ``releases.topk_source`` does), so building
     needs no ``patch`` program."""
-    sys.path.insert(0, str(REPO))
-    try:
-        from sglang_amd_moe.diagnostics import patching
-    finally:
-        sys.path.pop(0)
+    # Imported here, not at the top: the first run of this script builds .venv itself,
+    # before this package is installed into it; patches are applied only to later
+    # environments, by .venv's interpreter, where the package is installed (editable).
+    from sglang_amd_moe.diagnostics import patching
+
     text = patch_file.read_text()
     # Patches are written against the upstream repository layout (python/sglang/...);
     # inside an installed release the package sits at site-packages/sglang.
@@ -192,7 +198,11 @@ def check_import(python: Path) -> dict:
     if out.returncode == 0:
         return json.loads(out.stdout.strip().splitlines()[-1])
     probe = subprocess.run(
-        [str(python), "-c", "import importlib.util as u; print(u.find_spec('sglang.srt.plugins') is not None)"],
+        [
+            str(python),
+            "-c",
+            "import importlib.util as u; print(u.find_spec('sglang.srt.plugins') is not None)",
+        ],
         capture_output=True,
         text=True,
     )
@@ -205,8 +215,15 @@ def check_import(python: Path) -> dict:
     return {"has_plugin_loader": False, "topk_import_error": error}
 
 
-def build(version: str, *, into: Path | None, dest: Path | None, shared: Path | None,
-          patch: Path | None, label: str | None) -> Path:
+def build(
+    version: str,
+    *,
+    into: Path | None,
+    dest: Path | None,
+    shared: Path | None,
+    patch: Path | None,
+    label: str | None,
+) -> Path:
     t0 = time.time()
     if into is not None:
         venv = into
@@ -218,7 +235,11 @@ def build(version: str, *, into: Path | None, dest: Path | None, shared: Path | 
     # pip of the shared/main venv, pointed at the target interpreter's environment.
     py = venv / "bin" / "python"
     pip_host = (shared or into) / "bin" / "python"
-    pip = [str(pip_host), "-m", "pip", "--python", str(py)] if into is None else [str(py), "-m", "pip"]
+    pip = (
+        [str(pip_host), "-m", "pip", "--python", str(py)]
+        if into is None
+        else [str(py), "-m", "pip"]
+    )
     wheel = fetch_wheel([str(pip_host), "-m", "pip"], version)
     pins = release_pins(wheel)
     reqs = closure_requirements(pins)
@@ -228,8 +249,14 @@ def build(version: str, *, into: Path | None, dest: Path | None, shared: Path | 
     if patch is not None:
         apply_patch(venv, patch)
     info = check_import(py)
-    info.update({"label": label or version, "release": version, "patch": str(patch) if patch else None,
-                 "build_s": round(time.time() - t0, 1)})
+    info.update(
+        {
+            "label": label or version,
+            "release": version,
+            "patch": str(patch) if patch else None,
+            "build_s": round(time.time() - t0, 1),
+        }
+    )
     (venv / "sglang_release.json").write_text(json.dumps(info, indent=2) + "\n")
     log(f"ready: {info}")
     return venv
@@ -242,8 +269,18 @@ def build_layer(dest: Path, shared: Path, requirements: list[str]) -> Path:
     the shared venv itself.
     """
     make_layered_venv(dest, shared)
-    run([str(shared / "bin" / "python"), "-m", "pip", "--python", str(dest / "bin" / "python"),
-         "install", "-q", *requirements])
+    run(
+        [
+            str(shared / "bin" / "python"),
+            "-m",
+            "pip",
+            "--python",
+            str(dest / "bin" / "python"),
+            "install",
+            "-q",
+            *requirements,
+        ]
+    )
     (dest / "layer.json").write_text(json.dumps({"requirements": requirements}, indent=2) + "\n")
     log(f"ready: layer {dest} with {requirements}")
     return dest
@@ -252,8 +289,12 @@ def build_layer(dest: Path, shared: Path, requirements: list[str]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--version", help="SGLang release, e.g. 0.5.13.post1")
-    ap.add_argument("--layer", nargs="+", metavar="REQ",
-                    help="with --dest/--shared: only these extra packages, no SGLang")
+    ap.add_argument(
+        "--layer",
+        nargs="+",
+        metavar="REQ",
+        help="with --dest/--shared: only these extra packages, no SGLang",
+    )
     ap.add_argument("--into", type=Path, help="existing venv to install into")
     ap.add_argument("--dest", type=Path, help="new layered venv to create")
     ap.add_argument("--shared", type=Path, help="venv that supplies torch and this package")

@@ -2,8 +2,9 @@
 
 Each entry is one environment under ``.compat/<label>/`` layered on ``.venv`` (see
 ``build_env.py``), except the main release, which lives in ``.venv`` itself.
-``expected_form`` is what BRIEF's table says the release's ``_post_process_topk_ids``
-is; the tests check the classifier against it on the real installed source.
+``expected_form`` is the form the release's upstream ``_post_process_topk_ids`` has (the
+README's release table); the tests check the classifier against it on the real installed
+source.
 
 Usage::
 
@@ -11,6 +12,8 @@ Usage::
     python tools/compat/releases.py build-ci        # one release of each form (make test)
     python tools/compat/releases.py build-all       # every release (make compat)
     python tools/compat/releases.py list            # labels and their state, as JSON
+    python tools/compat/releases.py wheel [LABEL]   # path of the release's wheel (cached
+                                                    # in .cache/wheels; default: the main one)
     python tools/compat/releases.py matrix --out docs/compat.md [LABEL ...]
                                                     # plugin suite + audit per release
 
@@ -35,8 +38,15 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+# A sibling module: found as the script's own folder when run as a script, and through
+# pytest's `pythonpath` (pyproject.toml) when the tests import this module.
+import build_env
+
+from sglang_amd_moe.diagnostics import patching
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv"
@@ -107,21 +117,16 @@ def topk_source(rel: Release) -> str:
     path = rel.topk_path()
     if path is not None:
         return path.read_text()
-    import zipfile
-
-    sys.path.insert(0, str(REPO / "tools" / "compat"))
-    try:
-        import build_env
-    finally:
-        sys.path.pop(0)
-    wheel = build_env.fetch_wheel([str(VENV / "bin" / "python"), "-m", "pip"], rel.version)
-    with zipfile.ZipFile(wheel) as zf:
+    with zipfile.ZipFile(wheel(rel)) as zf:
         text = zf.read("sglang/srt/layers/moe/topk.py").decode()
     if rel.patch:
-        from sglang_amd_moe.diagnostics import patching
-
         text = patching.apply_text(text, (REPO / rel.patch).read_text())
     return text
+
+
+def wheel(rel: Release) -> Path:
+    """The release's sglang wheel, downloaded into ``.cache/wheels`` once."""
+    return build_env.fetch_wheel([str(VENV / "bin" / "python"), "-m", "pip"], rel.version)
 
 
 def build(rel: Release) -> None:
@@ -167,8 +172,15 @@ def main(argv: list[str]) -> int:
         ensure(RELEASES)
     elif cmd == "matrix":
         return matrix(rest)
+    elif cmd == "wheel":
+        # The path is the last line of the output (a download logs before it).
+        print(wheel(BY_LABEL[rest[0] if rest else MAIN_RELEASE]))
     elif cmd == "list":
-        print(json.dumps([dict(asdict(r), built=r.is_built(), venv=str(r.venv)) for r in RELEASES], indent=2))
+        print(
+            json.dumps(
+                [dict(asdict(r), built=r.is_built(), venv=str(r.venv)) for r in RELEASES], indent=2
+            )
+        )
     else:
         print(__doc__)
         return 2
@@ -196,7 +208,9 @@ def _junit_counts(path: Path) -> dict:
     return counts
 
 
-def _audit(rel: Release, *extra: str, env: dict[str, str] | None = None) -> tuple[int, dict | None, str]:
+def _audit(
+    rel: Release, *extra: str, env: dict[str, str] | None = None
+) -> tuple[int, dict | None, str]:
     """Run the audit in the release's interpreter: (exit status, JSON document, stderr tail)."""
     proc = subprocess.run(
         [str(rel.python), "-m", "sglang_amd_moe", "audit", "--json", *extra],
@@ -231,8 +245,14 @@ def matrix_row(rel: Release, junit_dir: Path) -> dict:
     t0 = time.perf_counter()
     code, doc, err = _audit(rel)
     sg = _target(doc, "sglang")
-    row.update(audit_exit=code, form=sg.get("form"), action=sg.get("action"), patch=sg.get("patch"),
-               patch_status=sg.get("patch_status"), audit_reason=sg.get("reason"))
+    row.update(
+        audit_exit=code,
+        form=sg.get("form"),
+        action=sg.get("action"),
+        patch=sg.get("patch"),
+        patch_status=sg.get("patch_status"),
+        audit_reason=sg.get("reason"),
+    )
     if doc is None:
         problems.append(f"audit printed no JSON (exit {code}): {err.strip()[-300:]}")
     if sg.get("form") != rel.expected_form:
@@ -249,19 +269,33 @@ def matrix_row(rel: Release, junit_dir: Path) -> dict:
     junit = junit_dir / f"{rel.label}.xml"
     env = {**os.environ, "SGLANG_AMD_MOE_TEST_RELEASES": rel.label}
     pytest_cmd = [str(VENV / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider"]
-    collected = subprocess.run([*pytest_cmd, "--collect-only", "-q", str(REPO / "tests" / "sglang")],
-                               env=env, cwd=REPO, capture_output=True, text=True)
+    collected = subprocess.run(
+        [*pytest_cmd, "--collect-only", "-q", str(REPO / "tests" / "sglang")],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     # The release's own tests: their ids end with [<label>] (the suite's other tests do
     # not depend on the release and run in `make test` once).
-    ids = [ln.strip() for ln in collected.stdout.splitlines() if ln.strip().endswith(f"[{rel.label}]")]
+    ids = [
+        ln.strip() for ln in collected.stdout.splitlines() if ln.strip().endswith(f"[{rel.label}]")
+    ]
     row["test_ids"] = len(ids)
     if not ids:
-        problems.append("the plugin suite has no test for this release" +
-                        (f" (collection exit {collected.returncode})" if collected.returncode else ""))
+        problems.append(
+            "the plugin suite has no test for this release"
+            + (f" (collection exit {collected.returncode})" if collected.returncode else "")
+        )
         row.update(passed=0, failed=0, skipped=0)
     else:
-        proc = subprocess.run([*pytest_cmd, "-q", *ids, f"--junitxml={junit}"],
-                              env=env, cwd=REPO, capture_output=True, text=True)
+        proc = subprocess.run(
+            [*pytest_cmd, "-q", *ids, f"--junitxml={junit}"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         counts = _junit_counts(junit)
         row.update(counts, pytest_exit=proc.returncode)
         if counts["failed"] or proc.returncode != 0:
@@ -287,13 +321,16 @@ def render_matrix(rows: list[dict]) -> str:
     lines = [
         "# Compatibility matrix",
         "",
-        "Generated by `make compat` (`python tools/compat/releases.py matrix --out docs/compat.md`);",
+        "Generated by `make compat` "
+        "(`python tools/compat/releases.py matrix --out docs/compat.md`);",
         "regenerate it whenever the plugin changes. Each row is one real SGLang release installed",
         "from the registry in its own environment (`.compat/<label>/`, one shared torch), on a",
-        f"CPU-only Linux machine (Python {py}), with the topk module's `_is_hip=True, _is_cuda=False`.",
+        f"CPU-only Linux machine (Python {py}), "
+        "with the topk module's `_is_hip=True, _is_cuda=False`.",
         "",
         "- **form**: what `sglang-amd-moe audit` (run in that release's interpreter) reads off",
-        "  `_post_process_topk_ids`, checked against the table in BRIEF (a mismatch is shown in bold).",
+        "  `_post_process_topk_ids`, checked against the form the release is known to have (a",
+        "  mismatch is shown in bold).",
         "- **plugin action**: what the plugin does for that form.",
         "- **audit exit**: 0 nothing needs action (fixed upstream, or covered by the plugin),",
         "  1 needs attention.",
@@ -301,9 +338,11 @@ def render_matrix(rows: list[dict]) -> str:
         "  `SGLANG_AMD_MOE_FORCE=1` (this machine is not ROCm): whether the real loader left the",
         "  hook live.",
         "- **tests**: the SGLang plugin suite's tests of that release (`tests/sglang`, ids ending",
-        "  in `[<label>]`, run with `SGLANG_AMD_MOE_TEST_RELEASES=<label>`), counted from pytest's junit XML.",
+        "  in `[<label>]`, run with `SGLANG_AMD_MOE_TEST_RELEASES=<label>`), "
+        "counted from pytest's junit XML.",
         "",
-        "| release | form | plugin action | audit exit | hook after `load_plugins()` | tests passed / failed | date |",
+        "| release | form | plugin action | audit exit | hook after `load_plugins()` "
+        "| tests passed / failed | date |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
@@ -313,7 +352,8 @@ def render_matrix(rows: list[dict]) -> str:
             label += " (0.5.14 with PR 28378 reversed; never released)"
         if not row.get("built"):
             lines.append(
-                f"| {label} | not audited (BRIEF: {rel.expected_form}) | **environment not built** | - | - | - | {row['date']} |"
+                f"| {label} | not audited (expected: {rel.expected_form}) "
+                f"| **environment not built** | - | - | - | {row['date']} |"
             )
             continue
         if not rel.has_plugin_loader:
@@ -328,18 +368,27 @@ def render_matrix(rows: list[dict]) -> str:
         form = row.get("form") or "?"
         if form != rel.expected_form:
             form = f"**{form}** (expected {rel.expected_form})"
-        lines.append(
-            f"| {label} | {form} | {_action_cell(row, rel)} | {row.get('audit_exit')} | {hook} | {tests} | {row['date']} |"
-        )
+        cells = [
+            label,
+            form,
+            _action_cell(row, rel),
+            row.get("audit_exit"),
+            hook,
+            tests,
+            row["date"],
+        ]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines.append("")
     notes = []
     for row in rows:
         info_path = BY_LABEL[row["label"]].venv / "sglang_release.json"
         info = json.loads(info_path.read_text()) if info_path.exists() else {}
         if info.get("topk_import_error"):
-            notes.append(f"- {row['label']}: `sglang.srt.layers.moe.topk` does not import on this machine "
-                         f"(`{info['topk_import_error']}`), so the suite's behaviour tests skip there; "
-                         "the audit reads the file without importing it.")
+            notes.append(
+                f"- {row['label']}: `sglang.srt.layers.moe.topk` does not import on this machine "
+                f"(`{info['topk_import_error']}`), so the suite's behaviour tests skip there; "
+                "the audit reads the file without importing it."
+            )
         for skip in row.get("skips", []):
             notes.append(f"- {row['label']}: skipped `{skip}`")
     if notes:
@@ -351,9 +400,25 @@ def render_matrix(rows: list[dict]) -> str:
         for r in bad:
             lines.append(f"- {r['label']}: " + "; ".join(r["problems"]))
     else:
-        lines.append(f"All {len(rows)} releases passed: forms as expected, audits as expected, plugin suite green.")
+        lines.append(
+            f"All {len(rows)} releases passed: forms as expected, audits as expected, "
+            "plugin suite green."
+        )
     lines.append("")
     return "\n".join(lines)
+
+
+#: What ``matrix`` prints per release while it runs.
+SUMMARY_KEYS = (
+    "form",
+    "audit_exit",
+    "hook_live",
+    "passed",
+    "failed",
+    "skipped",
+    "seconds",
+    "problems",
+)
 
 
 def matrix(argv: list[str]) -> int:
@@ -377,7 +442,11 @@ def matrix(argv: list[str]) -> int:
         for rel in rels:
             print(f"[matrix] {rel.label} ...", flush=True)
             row = matrix_row(rel, Path(tmp))
-            print(f"[matrix] {rel.label}: {json.dumps({k: row.get(k) for k in ('form', 'audit_exit', 'hook_live', 'passed', 'failed', 'skipped', 'seconds', 'problems')})}", flush=True)
+            summary = {k: row.get(k) for k in SUMMARY_KEYS}
+            print(
+                f"[matrix] {rel.label}: {json.dumps(summary)}",
+                flush=True,
+            )
             if row.get("pytest_tail"):
                 print(row["pytest_tail"], flush=True)
             rows.append(row)
