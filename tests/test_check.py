@@ -1,15 +1,18 @@
 """``sglang-amd-moe check``: the end-to-end padded-batch check, and the pieces it is built on.
 
 The first tests run the real command in a subprocess (real SGLang, real ``load_plugins()``)
-and read both its table and its JSON. The others pin down the pieces without SGLang: the
-legacy-sort emulation agrees with this package's reference on in-range ids and does what
-its docstring says on out-of-range ones, the consumer is exact under padding, the HIP
-router emulation, the AST rebuild of the mask-under-eplb-guard form (checked against the
-real reversed-0.5.14 environment when it is built) and the checkpoint writer.
+and read both its table and its JSON. The others pin down the pieces
+(``sglang_amd_moe.diagnostics.e2e``): the legacy-sort emulation agrees with this
+package's reference on in-range ids and does what its docstring says on out-of-range
+ones, the consumer is exact under padding, the HIP router emulation, the AST rebuild of
+the mask-under-eplb-guard form (checked against the real reversed-0.5.14 environment),
+the table, and the command lines of ``check`` and ``demo``.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
 import re
 import subprocess
@@ -23,16 +26,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_amd_moe.kernels import mxfp4_moe_sort_reference
 
-from sglang_amd_moe.diagnostics import check, demo
-from sglang_amd_moe.diagnostics.tiny_moe import (
-    AiterLikeMoE,
-    SortBuffers,
-    TinyMoE,
-    TinyMoEConfig,
-    hip_router_for,
-    legacy_hip_sort,
-    write_checkpoint,
-)
+from sglang_amd_moe.diagnostics import check, demo, patching
+from sglang_amd_moe.diagnostics.e2e import rebuild, run, table
+from sglang_amd_moe.diagnostics.e2e.amd_emulation import hip_router_for, legacy_hip_sort
+from sglang_amd_moe.diagnostics.e2e.consumer import AiterLikeMoE, SortBuffers
+from sglang_amd_moe.diagnostics.e2e.model import TinyMoE, TinyMoEConfig
+from sglang_amd_moe.diagnostics.e2e.results import CheckResult, Compare, FormInfo, RowResult
+from sglang_amd_moe.runtime.sglang_forms import FUNCTION_NAME, classify_source
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,9 @@ def _release(label: str) -> releases.Release:
     return next(r for r in releases.RELEASES if r.label == label)
 
 
-def _run_check(python: Path | str, tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict, list]:
+def _run_check(
+    python: Path | str, tmp_path: Path, *extra: str
+) -> tuple[subprocess.CompletedProcess, dict, list]:
     out_json = tmp_path / "check.json"
     proc = subprocess.run(
         [str(python), "-m", "sglang_amd_moe", "check", "--json-file", str(out_json), *extra],
@@ -73,14 +75,16 @@ def test_check_cli_installed_release(tmp_path: Path) -> None:
 
     installed = [r for r in rows if r["source"] == "installed"]
     rebuilt = [r for r in rows if r["source"] == "rebuilt"]
-    assert {(int(r["n"]), int(r["m"])) for r in rebuilt} == set(check.BATCHES)
+    assert {(int(r["n"]), int(r["m"])) for r in rebuilt} == set(run.BATCHES)
     for r in rebuilt:
         assert r["form"] == "mask-under-eplb-guard"
         assert int(r["oor"]) > 0 and int(r["nan"]) > 0 and int(r["bad"]) > 0, r
+        assert r["err"] == "n/a", r  # never "0" next to NaN entries
         assert r["with"].startswith("exact"), r
     for r in installed:
         if r["form"] == "fixed":  # already fixed upstream: matches without the plugin too
             assert int(r["oor"]) == 0 and int(r["nan"]) == 0 and int(r["bad"]) == 0, r
+            assert r["err"] == "0", r
         assert r["with"].startswith("exact"), r
 
     # The JSON says the same, with the details the table leaves out.
@@ -112,16 +116,34 @@ def test_check_cli_old_release_shows_bug_on_installed_form(tmp_path: Path) -> No
 # ------------------------------------------------------------------- legacy sort model
 
 
-def _sort_both(ids: torch.Tensor, w: torch.Tensor, ne: int, mb: int) -> tuple[SortBuffers, SortBuffers]:
+def _sort_both(
+    ids: torch.Tensor, w: torch.Tensor, ne: int, mb: int
+) -> tuple[SortBuffers, SortBuffers]:
     m, k = ids.shape
     legacy = SortBuffers.allocate(m, k, ne, mb, torch.device("cpu"))
     ref = SortBuffers.allocate(m, k, ne, mb, torch.device("cpu"))
     legacy_hip_sort(ids, w, legacy, m, ne, k, mb)
+    no_bf16_out = torch.empty(0, 0, dtype=torch.bfloat16)
+    no_workspace = torch.empty(0, dtype=torch.uint8)
     mxfp4_moe_sort_reference(
-        ids, w, ref.sorted_token_ids, ref.sorted_expert_ids, ref.cumsum, ref.reverse_sorted,
-        ref.sorted_weights, ref.m_indices, torch.empty(0, 0, dtype=torch.bfloat16),
-        torch.empty(0, dtype=torch.uint8), m, ne, k, 64, 64, mb, 0,
-    )  # fmt: skip
+        ids,
+        w,
+        ref.sorted_token_ids,
+        ref.sorted_expert_ids,
+        ref.cumsum,
+        ref.reverse_sorted,
+        ref.sorted_weights,
+        ref.m_indices,
+        no_bf16_out,
+        no_workspace,
+        m,
+        ne,
+        k,
+        64,
+        64,
+        mb,
+        0,
+    )
     return legacy, ref
 
 
@@ -133,7 +155,9 @@ def _sort_both(ids: torch.Tensor, w: torch.Tensor, ne: int, mb: int) -> tuple[So
     mb=st.sampled_from([16, 32]),
     seed=st.integers(0, 2**16),
 )
-def test_legacy_sort_matches_reference_on_in_range_ids(m: int, k: int, ne: int, mb: int, seed: int) -> None:
+def test_legacy_sort_matches_reference_on_in_range_ids(
+    m: int, k: int, ne: int, mb: int, seed: int
+) -> None:
     """For ids in [0, NE) the emulated pre-fix HIP sort writes what this package's
     reference writes (the contract, ascending pair order within an expert)."""
     g = torch.Generator().manual_seed(seed)
@@ -144,7 +168,9 @@ def test_legacy_sort_matches_reference_on_in_range_ids(m: int, k: int, ne: int, 
     assert int(legacy.cumsum[0]) == total and int(legacy.cumsum[1]) == m
     for name in ("sorted_token_ids", "m_indices", "sorted_weights"):
         assert torch.equal(getattr(legacy, name)[:total], getattr(ref, name)[:total]), name
-    assert torch.equal(legacy.sorted_expert_ids[: total // mb], ref.sorted_expert_ids[: total // mb])
+    assert torch.equal(
+        legacy.sorted_expert_ids[: total // mb], ref.sorted_expert_ids[: total // mb]
+    )
     assert torch.equal(legacy.reverse_sorted, ref.reverse_sorted)
 
 
@@ -187,7 +213,9 @@ def test_consumer_real_rows_bit_identical_under_padding() -> None:
     g = torch.Generator().manual_seed(3)
     n, m = 11, 16
     x = torch.randn(n, cfg.hidden, generator=g)
-    ids = torch.stack([torch.randperm(cfg.routed_experts, generator=g)[: cfg.top_k] for _ in range(n)])
+    ids = torch.stack(
+        [torch.randperm(cfg.routed_experts, generator=g)[: cfg.top_k] for _ in range(n)]
+    )
     ids = torch.cat([ids, torch.full((n, 1), cfg.routed_experts)], 1).to(torch.int32)
     w = torch.rand(n, cfg.slots, generator=g)
     ref, s_ref = moe(0, x, ids, w)
@@ -224,14 +252,12 @@ def test_hip_router_nan_rows_get_stale_words_finite_rows_are_routed() -> None:
 
 
 def _function_dump(source: str) -> str:
-    import ast
-
     tree = ast.parse(source)
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == check.FUNCTION)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == FUNCTION_NAME)
     return ast.dump(fn)
 
 
-def test_rebuild_matches_the_real_reversed_0_5_14(tmp_path: Path) -> None:
+def test_rebuild_matches_the_real_reversed_0_5_14() -> None:
     """The AST rebuild of 0.5.14's function equals the real 0.5.14 source with upstream
     PR 28378 reversed (the CI environment 0.5.14-mask-under-eplb-guard); the 0.5.14
     source is recovered from it by un-applying the same diff."""
@@ -239,59 +265,29 @@ def test_rebuild_matches_the_real_reversed_0_5_14(tmp_path: Path) -> None:
     path = guard.topk_path()
     if path is None:  # a CI release: make test builds it, so missing is a failure
         pytest.fail(f"{guard.venv} not built (python tools/compat/releases.py build {guard.label})")
-    diff = REPO / "tools" / "compat" / "reverse_28378_mask_under_eplb_guard.diff"
-    fixed = tmp_path / "topk_0_5_14.py"
-    subprocess.run(
-        ["patch", "-R", "--batch", "-s", "-o", str(fixed), str(path), str(diff)], check=True
-    )
-    from sglang_amd_moe.runtime.sglang_forms import classify_source
-
-    fixed_src = fixed.read_text()
+    diff = REPO / guard.patch
+    fixed_src = patching.apply_text(path.read_text(), diff.read_text(), reverse=True)
     assert classify_source(fixed_src) == "fixed"
-    rebuilt = check.rebuild_source(fixed_src)
+    rebuilt = rebuild.rebuild_source(fixed_src)
     assert classify_source(rebuilt) == "mask-under-eplb-guard"
     assert _function_dump(rebuilt) == _function_dump(path.read_text())
-    with pytest.raises(check.RebuildError, match="already"):
-        check.rebuild_source(path.read_text())
+    with pytest.raises(rebuild.RebuildError, match="already"):
+        rebuild.rebuild_source(path.read_text())
 
 
 def test_rebuild_refuses_forms_without_a_mask() -> None:
-    src = '''
+    src = """
 def _post_process_topk_ids(topk_ids, topk_weights, num_token_non_padded=None):
     if _is_cuda:
         pass
     elif _is_hip:
         _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)
     return topk_ids, topk_weights
-'''
-    with pytest.raises(check.RebuildError, match="never fills padded ids"):
-        check.rebuild_source(src)
-    with pytest.raises(check.RebuildError, match="no `_is_hip` branch"):
-        check.rebuild_source("def _post_process_topk_ids(a):\n    return a\n")
-
-
-# ----------------------------------------------------------------------- checkpoint
-
-
-def test_write_checkpoint_loads_with_transformers(tmp_path: Path) -> None:
-    from safetensors import safe_open
-    from transformers import AutoConfig, AutoTokenizer
-
-    cfg = TinyMoEConfig()
-    files = write_checkpoint(TinyMoE(cfg), tmp_path)
-    assert {f.name for f in files} >= {"config.json", "model.safetensors", "tokenizer.json"}
-    hf = AutoConfig.from_pretrained(tmp_path)
-    assert hf.model_type == "deepseek_v3" and hf.n_routed_experts == cfg.routed_experts
-    assert hf.num_experts_per_tok == cfg.top_k and hf.n_group == cfg.n_group
-    tok = AutoTokenizer.from_pretrained(tmp_path)
-    ids = tok("the cat is red").input_ids
-    assert len(ids) == 4 and tok.decode(ids) == "the cat is red"
-    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
-        keys = set(f.keys())
-        assert f.get_tensor("model.layers.0.mlp.gate.e_score_correction_bias").dtype == torch.float32
-    experts = [k for k in keys if ".mlp.experts." in k]
-    assert len(experts) == cfg.layers * cfg.routed_experts * 3
-    assert "model.layers.3.mlp.shared_experts.down_proj.weight" in keys
+"""
+    with pytest.raises(rebuild.RebuildError, match="never fills padded ids"):
+        rebuild.rebuild_source(src)
+    with pytest.raises(rebuild.RebuildError, match="no `_is_hip` branch"):
+        rebuild.rebuild_source("def _post_process_topk_ids(a):\n    return a\n")
 
 
 # ----------------------------------------------------------------------------- demo
@@ -303,7 +299,102 @@ def test_demo_status_is_the_checks_unless_the_audit_errors(monkeypatch: pytest.M
     calls = []
     monkeypatch.setattr(check, "main", lambda argv: calls.append(("check", argv)) or 1)
     for audit_status, expected in ((0, 1), (1, 1), (2, 2)):
-        monkeypatch.setattr(audit, "main", lambda argv, s=audit_status: calls.append(("audit", argv)) or s)
+        monkeypatch.setattr(
+            audit, "main", lambda argv, s=audit_status: calls.append(("audit", argv)) or s
+        )
         assert demo.main(["--device", "cpu"]) == expected
     assert calls[:2] == [("audit", []), ("check", ["--device", "cpu"])]
 
+
+# ---------------------------------------------------------------------- command lines
+
+
+@pytest.mark.parametrize("command", ["check", "demo"])
+@pytest.mark.parametrize("name", ["rocm", "hip", "gpu"])
+def test_device_other_than_cpu_or_cuda_is_a_clear_error(
+    command: str, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AMD users type rocm or hip: argparse's error (exit 2, no traceback) says that ROCm
+    torch calls its GPU cuda, before anything is imported or run."""
+    main = check.main if command == "check" else demo.main
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", name])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"invalid device '{name}'" in err and "ROCm builds of torch call an AMD GPU `cuda`" in err
+    )
+    assert "Traceback" not in err
+
+
+def test_device_names_torch_accepts_still_parse() -> None:
+    for name in ("cpu", "cuda", "cuda:1"):
+        assert check.parse_args(["--device", name]).device == name
+        assert demo.parse_args(["--device", name]).device == name
+
+
+def test_check_and_demo_help_are_help_texts() -> None:
+    """``--help`` is argparse's help (usage, every option, the ROCm note), not a raw
+    docstring with reStructuredText markup."""
+    for command in ("check", "demo"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "sglang_amd_moe", command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+        assert proc.returncode == 0, proc.stderr
+        text = proc.stdout
+        assert text.startswith(f"usage: sglang-amd-moe {command} "), text
+        for option in ("--device", "--json", "--json-file", "--no-rebuilt"):
+            assert option in text, (command, option)
+        assert "call an AMD GPU `cuda`" in " ".join(text.split())
+        assert "``" not in text and ":mod:" not in text, text
+    assert "exit status:" in text  # demo says how its status is decided
+
+
+# ----------------------------------------------------------------------------- table
+
+
+def _row(source: str, n: int, m: int, cmp: Compare, plugin: bool, oor: int = 0) -> RowResult:
+    form = "mask-under-eplb-guard" if source == "rebuilt" else "weights-only"
+    return RowResult(form, source, n, m, plugin, compare=cmp, out_of_range_ids=oor)
+
+
+def test_table_never_shows_zero_error_next_to_nan() -> None:
+    """A real row full of NaN has "max abs err" 0 over its finite entries: the table shows
+    n/a there (the NaN column counts them), and the number where every entry is finite."""
+    exact = Compare("exact", 0.0, 0.0, 0, 0)
+    nan_rows = Compare("MISMATCH", 0.0, 0.0, 1024, 4)
+    finite_wrong = Compare("MISMATCH", 0.25, 0.01, 0, 2)
+    result = CheckResult(
+        "0.5.13.post1",
+        [FormInfo("installed", "weights-only")],
+        without=[
+            _row("installed", 5, 8, nan_rows, False, oor=102),
+            _row("installed", 47, 48, finite_wrong, False),
+            _row("installed", 200, 256, exact, False),
+        ],
+        with_=[
+            _row("installed", 5, 8, exact, True),
+            _row("installed", 47, 48, nan_rows, True),
+            _row("installed", 200, 256, exact, True),
+        ],
+        ok=False,
+        meta={
+            "config": dataclasses.asdict(TinyMoEConfig()),
+            "device": "cpu",
+            "sorts": "",
+            "direct": False,
+            "verdict": "FAIL: a row with the plugin does not match",
+            "elapsed_s": 1.0,
+        },
+    )
+    text = table.render(result)
+    rows = {int(m["n"]): m for line in text.splitlines() if (m := ROW.match(line))}
+    assert (rows[5]["err"], rows[5]["nan"]) == ("n/a", "1024")
+    assert (rows[47]["err"], rows[47]["nan"]) == ("0.25", "0")
+    assert (rows[200]["err"], rows[200]["nan"]) == ("0", "0")
+    assert rows[47]["with"] == "MISMATCH (max abs n/a, NaN 1024, ids seen 0)"
+    assert "n/a when some entries are non-finite" in text

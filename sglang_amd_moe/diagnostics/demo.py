@@ -10,27 +10,50 @@ installation means the demo did not show what it claims. The audit's "needs atte
 
 from __future__ import annotations
 
+import argparse
 import sys
+
+from sglang_amd_moe.diagnostics import check
+from sglang_amd_moe.diagnostics.e2e import use_triton_interpreter
+
+DESCRIPTION = """\
+Run `sglang-amd-moe audit` (no arguments), then `sglang-amd-moe check` with the
+options below: what is installed and what the plugin changes, then the end-to-end
+effect on a small MoE model, without and with the plugin."""
+EPILOG = """exit status:
+  0  every row of the check with the plugin matches the unpadded run
+  1  a row with the plugin does not match
+  2  the audit or the check could not run (the audit's "needs attention" does not
+     change the status: the check's table is the verdict)"""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="sglang-amd-moe demo",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_options(p)
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``audit`` (no arguments), then ``check`` with ``argv``; see the module docstring."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("-h", "--help"):
-        print("usage: sglang-amd-moe demo [check options]\n\n" + (__doc__ or "").strip())
-        return 0
-    from sglang_amd_moe.diagnostics import check
-
-    # Before the audit can import triton (see check.use_triton_interpreter).
-    device = argv[argv.index("--device") + 1] if "--device" in argv[:-1] else "cpu"
-    check.use_triton_interpreter(device)
+    args = parse_args(argv)  # --help, and bad options, before anything runs
+    # Before the audit can import triton (see e2e.use_triton_interpreter).
+    use_triton_interpreter(args.device)
     print("== sglang-amd-moe audit", flush=True)
     try:
+        # Imported inside the try: an audit that cannot even import must not hide the check.
         from sglang_amd_moe.diagnostics import audit
 
         audit_status = int(audit.main([]) or 0)
     except Exception as exc:  # the audit must not hide the check; report and go on
-        print(f"sglang-amd-moe demo: the audit failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(
+            f"sglang-amd-moe demo: the audit failed: {type(exc).__name__}: {exc}", file=sys.stderr
+        )
         audit_status = 2
     sys.stdout.flush()
     print("\n== sglang-amd-moe check", flush=True)

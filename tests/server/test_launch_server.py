@@ -1,7 +1,7 @@
 """The real server: ``python -m sglang.launch_server`` on the check's tiny checkpoint, CPU only.
 
-Issue 7 asks whether SGLang can serve the check's model on a CPU-only machine like CI's,
-with this package installed. It cannot (SGLang 0.5.23):
+Can SGLang serve the check's model on a CPU-only machine like CI's, with this package
+installed? It cannot (SGLang 0.5.23):
 
 * The CPU engine SGLang documents (``SGLANG_USE_CPU_ENGINE=1 ... --device cpu``) stops
   in the launcher, before any scheduler starts, importing ``sgl_kernel`` (first use:
@@ -42,17 +42,28 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tiny_checkpoint import write_checkpoint
 
-REPO = Path(__file__).resolve().parents[2]
+from sglang_amd_moe.diagnostics.e2e.model import TinyMoE, TinyMoEConfig
+
 SERVER_PY = os.environ.get("SGLANG_AMD_MOE_TEST_SERVER_PYTHON", sys.executable)
 # Modules launch_server imports beyond .venv's closure (package names in the README).
-EXTRA_MODULES = ("fastapi", "uvicorn", "uvloop", "setproctitle", "multipart", "jsonschema", "xgrammar", "soundfile")
+EXTRA_MODULES = (
+    "fastapi",
+    "uvicorn",
+    "uvloop",
+    "setproctitle",
+    "multipart",
+    "jsonschema",
+    "xgrammar",
+    "soundfile",
+)
 DEADLINE_S = 300
 
 # Load-time log lines: load_plugins() runs before SGLang configures logging in each
 # process, so its INFO lines (and ours) would be dropped. This sitecustomize, put on the
 # server's PYTHONPATH by the test only, prints them with the process's target function.
-PROBE = '''
+PROBE = """
 import logging, multiprocessing, os
 if os.environ.get("SGLANG_AMD_MOE_TEST_PROBE_LOGGING") == "1":
     class _Target(logging.Filter):
@@ -68,7 +79,7 @@ if os.environ.get("SGLANG_AMD_MOE_TEST_PROBE_LOGGING") == "1":
         _lg.setLevel(logging.INFO)
         _lg.addHandler(_h)
         _lg.propagate = False
-'''
+"""
 
 PLUGIN_LINE = re.compile(
     r"^PROBE run_scheduler_process pid=(\d+) sglang_amd_moe: sglang-amd-moe: sglang \S+ "
@@ -76,8 +87,9 @@ PLUGIN_LINE = re.compile(
     re.M,
 )
 HOOK_LINE = re.compile(
-    r"^PROBE run_scheduler_process pid=(\d+) sglang\.srt\.plugins\.hook_registry: Applied \d+ hook\(s\) "
-    r"to sglang\.srt\.layers\.moe\.topk\._post_process_topk_ids \(from: plugin=sglang_amd_moe",
+    r"^PROBE run_scheduler_process pid=(\d+) sglang\.srt\.plugins\.hook_registry: "
+    r"Applied \d+ hook\(s\) to sglang\.srt\.layers\.moe\.topk\._post_process_topk_ids "
+    r"\(from: plugin=sglang_amd_moe",
     re.M,
 )
 KNOWN_STOP = re.compile(
@@ -120,18 +132,13 @@ def test_launch_server_on_cpu(tmp_path: Path) -> None:
     missing = _have_extras()
     if missing:
         msg = f"{SERVER_PY} lacks the server's extra packages ({missing}); see README 'Running it'"
-        if "SGLANG_AMD_MOE_TEST_SERVER_PYTHON" in os.environ:  # asked for explicitly (make test): must run
+        # Asked for explicitly (make test): it must run.
+        if "SGLANG_AMD_MOE_TEST_SERVER_PYTHON" in os.environ:
             pytest.fail(msg)
         pytest.skip(msg)
 
     ckpt = tmp_path / "tiny-moe"
-    subprocess.run(
-        [SERVER_PY, "-m", "sglang_amd_moe", "check", "--write-checkpoint", str(ckpt)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-        cwd=REPO,
-    )
+    write_checkpoint(TinyMoE(TinyMoEConfig()), ckpt)
     probe = tmp_path / "probe"
     probe.mkdir()
     (probe / "sitecustomize.py").write_text(PROBE)
@@ -145,13 +152,22 @@ def test_launch_server_on_cpu(tmp_path: Path) -> None:
     )
     env.pop("SGLANG_USE_CPU_ENGINE", None)
     log_path = tmp_path / "server.log"
+    server = ["--model-path", str(ckpt), "--device", "cpu"]
     cmd = [
-        SERVER_PY, "-m", "sglang.launch_server", "--model-path", str(ckpt), "--device", "cpu",
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
+        SERVER_PY,
+        "-m",
+        "sglang.launch_server",
+        *server,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     served = False
     answer = None
     try:
@@ -167,7 +183,10 @@ def test_launch_server_on_cpu(tmp_path: Path) -> None:
             req = urllib.request.Request(
                 f"http://127.0.0.1:{port}/generate",
                 data=json.dumps(
-                    {"text": "the cat is", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+                    {
+                        "text": "the cat is",
+                        "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+                    }
                 ).encode(),
                 headers={"Content-Type": "application/json"},
             )
@@ -182,10 +201,15 @@ def test_launch_server_on_cpu(tmp_path: Path) -> None:
     plugin = PLUGIN_LINE.search(text)
     assert plugin, f"no sglang-amd-moe line from the scheduler process:\n{tail}"
     hook = HOOK_LINE.search(text)
-    assert hook and hook.group(1) == plugin.group(1), f"the hook is not live in the scheduler:\n{tail}"
+    assert hook and hook.group(1) == plugin.group(1), (
+        f"the hook is not live in the scheduler:\n{tail}"
+    )
     if served:
         assert answer and isinstance(answer.get("text"), str) and answer["text"], answer
         print(f"served in {elapsed:.0f} s; answer {answer['text']!r}")
     else:
-        assert KNOWN_STOP.search(text), f"the server stopped somewhere new after {elapsed:.0f} s:\n{tail}"
-        print(f"stopped where the README says (no vllm._custom_ops.rotary_embedding) after {elapsed:.0f} s")
+        assert KNOWN_STOP.search(text), (
+            f"the server stopped somewhere new after {elapsed:.0f} s:\n{tail}"
+        )
+        where = "where the README says (no vllm._custom_ops.rotary_embedding)"
+        print(f"stopped {where} after {elapsed:.0f} s")

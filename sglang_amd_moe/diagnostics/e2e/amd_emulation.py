@@ -1,0 +1,201 @@
+"""Emulations of the two pieces of AMD device code the check cannot run here.
+
+Each says exactly what it emulates and what it assumes, and each is used only where the
+real code cannot be:
+
+* :func:`hip_router_for`: the routing SGLang gets on AMD for a row whose router scores
+  are NaN (a padded CUDA-graph row holding garbage activations). Real rows are routed by
+  SGLang's own ``biased_grouped_topk_impl`` (the DeepSeek grouped router).
+* :func:`legacy_hip_sort`: what aiter's pre-fix MXFP4 sort kernel does with expert ids
+  outside ``[0, NE)``. In-range ids are sorted by this package's
+  :func:`sglang_amd_moe.kernels.mxfp4_moe_sort` instead (:mod:`.consumer` decides).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sglang_amd_moe.diagnostics.e2e.model import TinyMoEConfig
+
+if TYPE_CHECKING:  # only for the annotation: consumer imports this module
+    from sglang_amd_moe.diagnostics.e2e.consumer import SortBuffers
+
+
+def stale_lds_words(rows: int, cols: int, seed: int, device: torch.device) -> torch.Tensor:
+    """What the check puts where device code would read uninitialized shared memory:
+    int32 words from a fixed seed (so every run, and the tests, see the same garbage)."""
+    g = torch.Generator().manual_seed(seed)
+    words = torch.randint(-(2**31), 2**31, (rows, cols), generator=g, dtype=torch.int64)
+    return words.to(torch.int32).to(device)
+
+
+def hip_router_for(
+    topk_module: Any, cfg: TinyMoEConfig, bias: torch.Tensor, seed: int
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """A ``custom_routing_function`` for SGLang's ``TopKConfig``: DeepSeek grouped routing
+    as SGLang runs it on AMD, including what the HIP router does with a NaN row.
+
+    Rows with a finite score are routed by SGLang's own ``biased_grouped_topk_impl`` (the
+    module's function, so the release under test decides the math; every release from
+    0.5.10 to 0.5.23 has it).
+
+    Rows whose scores are all NaN (garbage activations in padded rows) get what aiter's
+    HIP ``biased_grouped_topk_kernel`` (``csrc/kernels/topk_softmax_kernels_group.cu``)
+    gives them: it selects with ``if (score > max_val)`` starting from ``-INFINITY`` and
+    stores a choice only ``if (max_idx != -1)``. NaN never compares greater, so nothing
+    is stored and the row's ``topk_ids``/``topk_weights`` are copied from the kernel's
+    uninitialized LDS arrays. The check fills those with :func:`stale_lds_words` (a
+    fixed seed; on the device it is whatever the last user of that LDS left there), the
+    ids as int32 and the weights as the same kind of words read as float32.
+    """
+    impl = getattr(topk_module, "biased_grouped_topk_impl", None)
+    if impl is None:
+        raise RuntimeError(
+            f"{getattr(topk_module, '__file__', topk_module)} has no biased_grouped_topk_impl: "
+            "the check routes with SGLang's own grouped router and cannot run on this release"
+        )
+    impl = getattr(impl, "_torchdynamo_orig_callable", impl)
+    calls = {"n": 0}
+
+    def route(
+        hidden_states: torch.Tensor,
+        gating_output: torch.Tensor,
+        topk: int,
+        renormalize: bool,
+        **_: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        w, ids = impl(
+            hidden_states,
+            gating_output,
+            bias,
+            topk,
+            renormalize,
+            cfg.n_group,
+            cfg.topk_group,
+        )
+        w, ids = w.float().contiguous(), ids.to(torch.int32).contiguous()
+        nan_rows = torch.isnan(gating_output.float()).all(dim=-1)
+        if bool(nan_rows.any()):
+            k = ids.shape[1]
+            rows = int(nan_rows.sum())
+            calls["n"] += 1
+            stale_ids = stale_lds_words(rows, k, seed * 1000 + calls["n"], ids.device)
+            stale_w = stale_lds_words(rows, k, seed * 1000 + 500 + calls["n"], ids.device)
+            ids[nan_rows] = stale_ids
+            w[nan_rows] = stale_w.view(torch.float32)
+        return w, ids
+
+    return route
+
+
+def legacy_hip_sort(
+    topk_ids: torch.Tensor,
+    topk_weight: torch.Tensor,
+    bufs: SortBuffers,
+    m: int,
+    ne: int,
+    k: int,
+    mb: int,
+    threads_per_cta: int = 256,
+) -> int:
+    """Emulate aiter's MXFP4 sort as it was before it learned to drop bad ids.
+
+    What is emulated: ``sort_subkernel`` of ``csrc/kernels/mxfp4_moe/moe_aux/
+    moe_sort_quant.cuh`` before aiter added ``is_valid_expert`` (e.g. aiter commit
+    f1a213f). It indexes three LDS tables with the raw expert id, with no bounds check:
+    ``atomicAdd(&count[eid], 1)``, then ``pos = atomicAdd(&counter[eid], 1)`` and
+    ``sp = cumsum[eid] + pos``, and stores the pair at ``sp``; ``fill_padding_gaps`` then
+    pads each expert's range from ``count[e]`` up to ``cumsum[e + 1]``.
+
+    What is assumed, because the device behaviour is undefined: the three tables lie in
+    one LDS array in declaration order (``count[max(NE, 256)]``, ``cumsum[NE + 1]``,
+    ``counter[NE]``); an access outside that array reads 0 and drops the write (AMD LDS
+    bounds behaviour); ``count[NE:]`` (never zeroed by the kernel) reads 0; atomics land
+    in ascending pair order; a global store outside its buffer is dropped (and counted).
+
+    For ids in ``[0, NE)`` the result equals aiter's output contract (as
+    :func:`sglang_amd_moe.kernels.mxfp4_moe_sort` documents it) with pairs in ascending
+    order within an expert, i.e. what this package's reference writes (the tests check
+    that). Returns the number of dropped global stores.
+    """
+    ids = topk_ids[:m].reshape(-1).tolist()
+    weights = topk_weight[:m].reshape(-1).tolist()
+    n_count = max(ne, threads_per_cta)
+    base_count, base_cumsum, base_counter = 0, n_count, n_count + ne + 1
+    lds = [0] * (base_counter + ne)
+
+    def load(i: int) -> int:
+        return lds[i] if 0 <= i < len(lds) else 0
+
+    def atomic_add(i: int, v: int) -> int:
+        old = load(i)
+        if 0 <= i < len(lds):
+            lds[i] = old + v
+        return old
+
+    # count_tokens_per_expert
+    for eid in ids:
+        atomic_add(base_count + eid, 1)
+    # parallel_cumsum
+    running = 0
+    for e in range(ne):
+        running += -(-lds[base_count + e] // mb) * mb
+        lds[base_cumsum + e + 1] = running
+        lds[base_counter + e] = 0
+    # place_tokens
+    st, mi, sw = [], [], []  # (index, value) stores, applied below
+    rev = []
+    dropped = 0
+    n_slots = bufs.sorted_token_ids.numel()
+    for i, eid in enumerate(ids):
+        pos = atomic_add(base_counter + eid, 1)
+        sp = load(base_cumsum + eid) + pos
+        t, s = divmod(i, k)
+        if 0 <= sp < n_slots:
+            st.append((sp, (t & 0xFFFFFF) | ((s & 0xFF) << 24)))
+            mi.append((sp, t & 0xFFFFFF))
+            sw.append((sp, weights[i]))
+        else:
+            dropped += 3
+        rev.append(sp)
+    # fill_padding_gaps (runs after place_tokens: it overwrites what lies in a gap)
+    sei = []
+    for e in range(ne):
+        cnt, start, end = lds[base_count + e], lds[base_cumsum + e], lds[base_cumsum + e + 1]
+        for j in range(start + cnt, end):
+            if 0 <= j < n_slots:
+                st.append((j, m & 0xFFFFFF))
+                mi.append((j, m & 0xFFFFFF))
+                sw.append((j, 0.0))
+            else:
+                dropped += 3
+        for b in range(start // mb, end // mb):
+            if 0 <= b < bufs.sorted_expert_ids.numel():
+                sei.append((b, e))
+            else:
+                dropped += 1
+
+    def store(buf: torch.Tensor, pairs: list[tuple[int, float]]) -> None:
+        if pairs:
+            idx = torch.tensor([p[0] for p in pairs], dtype=torch.long)
+            val = torch.tensor([p[1] for p in pairs], dtype=buf.dtype)
+            cpu = buf.cpu()
+            cpu[idx] = val  # later stores win, as in program order
+            buf.copy_(cpu)
+
+    store(bufs.sorted_token_ids, st)
+    store(bufs.m_indices, mi)
+    store(bufs.sorted_weights, sw)
+    store(bufs.sorted_expert_ids, sei)
+    bufs.reverse_sorted[: m * k] = (
+        torch.tensor(rev, dtype=torch.int64)
+        .clamp(-(2**31), 2**31 - 1)
+        .to(torch.int32)
+        .to(bufs.reverse_sorted.device)
+    )
+    bufs.cumsum[0] = lds[base_cumsum + ne]
+    bufs.cumsum[1] = m
+    return dropped

@@ -1,0 +1,82 @@
+"""What the check reports: one row per (form, batch, with or without the plugin).
+
+Plain dataclasses without torch, so the worker subprocess can hand its rows back as
+JSON (:func:`row_from_dict` reads them), ``--json`` prints what the table shows, and
+the table (:mod:`.table`) renders them without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: A run "matches" when bit-identical, or within this relative error where only the
+#: summation order differs.
+REL_TOL = 1e-6
+
+
+@dataclass
+class Compare:
+    """Real rows of a padded run against the unpadded run of the same tokens."""
+
+    match: str  # "exact", "within 1e-6", "MISMATCH"
+    max_abs_err: float  # over entries finite in both (nan if none)
+    max_rel_err: float  # max_abs_err / max |reference|
+    nan_count: int  # non-finite entries in the padded run's real rows
+    bad_rows: int  # real rows not bit-identical to the reference
+
+
+@dataclass
+class RowResult:
+    form: str
+    source: str  # "installed" or "rebuilt"
+    real: int
+    padded: int
+    plugin: bool
+    compare: Compare | None = None
+    out_of_range_ids: int = 0
+    oob_stores: int = 0
+    oob_reads: int = 0
+    sorts: dict[str, int] = field(default_factory=dict)
+    error: str = ""
+
+
+@dataclass
+class FormInfo:
+    source: str
+    form: str
+    note: str = ""
+    hook_live: bool | None = None
+    hook_message: str = ""
+    reachable: bool = True
+
+
+@dataclass
+class CheckResult:
+    """Everything the check found; :meth:`to_json` is the ``--json`` document."""
+
+    sglang: str
+    forms: list[FormInfo]
+    without: list[RowResult]
+    with_: list[RowResult]
+    ok: bool
+    meta: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sglang": self.sglang,
+            "forms": [asdict(f) for f in self.forms],
+            "without_plugin": [asdict(r) for r in self.without],
+            "with_plugin": [asdict(r) for r in self.with_],
+            "ok": self.ok,
+            **self.meta,
+        }
+
+
+def row_from_dict(d: dict[str, Any]) -> RowResult:
+    """A :class:`RowResult` back from its ``dataclasses.asdict`` form."""
+    d = dict(d)
+    cmp = d.pop("compare", None)
+    row = RowResult(**d)
+    row.compare = Compare(**cmp) if cmp else None
+    return row

@@ -1,0 +1,111 @@
+"""The check's printed table: a header that says what ran, one line per (form, batch), and
+footnotes that define every column."""
+
+from __future__ import annotations
+
+from sglang_amd_moe.diagnostics.e2e.results import CheckResult, Compare
+from sglang_amd_moe.runtime.sglang_forms import FUNCTION_NAME
+
+#: The routing line when ``select_experts`` could not be used (``sglang_calls``).
+DIRECT_NOTE = (
+    "this release's select_experts asserts num_token_non_padded is None with a custom "
+    "router, so the router's output goes straight into its _post_process_topk_ids"
+)
+
+
+def _fmt_err(x: float) -> str:
+    if x != x:
+        return "nan"
+    return "0" if x == 0 else f"{x:.3g}"
+
+
+def err_cell(cmp: Compare) -> str:
+    """The max abs error as the table shows it: ``n/a`` when the padded run's real rows
+    hold non-finite entries, because the error over the finite entries alone (0, say)
+    would read as "no damage" next to a row full of NaN; the NaN column counts them."""
+    return "n/a" if cmp.nan_count else _fmt_err(cmp.max_abs_err)
+
+
+def render(result: CheckResult) -> str:
+    meta = result.meta
+    c = meta["config"]
+    lines = [
+        f"sglang-amd-moe check: tiny MoE, seed {c['seed']}: {c['layers']} MoE layers, "
+        f"hidden {c['hidden']}, {c['routed_experts']} routed + {c['shared_experts']} shared "
+        f"experts, top-{c['top_k']}, {c['n_group']} groups / top-{c['topk_group']} "
+        f"(DeepSeek grouped router), fp32 on {meta['device']}",
+        f"SGLang {result.sglang}: real select_experts/{FUNCTION_NAME}, topk module forced to "
+        "_is_hip=True, _is_cuda=False",
+        "padded rows: NaN rows and +-1e30 rows; NaN rows get stale-LDS ids from the HIP "
+        "router (emulated)",
+        "routing: "
+        + (
+            DIRECT_NOTE
+            if meta["direct"]
+            else "select_experts(custom_routing_function=the HIP router)"
+        ),
+        "consumer: aiter-like, called as SGLang calls aiter fused_moe (no num_local_tokens)",
+        "sorts that ran: " + meta["sorts"],
+    ]
+    for f in result.forms:
+        extra = f" ({f.note})" if f.note else ""
+        lines.append(f"form {f.source}: {f.form}{extra}")
+        if f.hook_message:
+            lines.append(f"  plugin: hook live={f.hook_live}; {f.hook_message}")
+    lines.append("")
+    head = (
+        f"{'SGLang form':<32} {'batch':>10} | {'WITHOUT plugin: max abs err':>27} {'NaN':>6} "
+        f"{'bad rows':>9} {'out-of-range ids':>16} | WITH plugin vs unpadded run"
+    )
+    lines.append(head)
+    lines.append("-" * len(head) + "-" * 24)
+    by_key = {(r.source, r.real, r.padded): r for r in result.with_}
+    for r in result.without:
+        label = f"{r.source}: {r.form}"
+        batch = f"{r.real} of {r.padded}"
+        if r.error:
+            left = f"{'error: ' + r.error[:60]:>70}"
+        else:
+            cmp = r.compare
+            left = (
+                f"{err_cell(cmp):>27} {cmp.nan_count:>6} {cmp.bad_rows:>5}/{r.real:<3} "
+                f"{r.out_of_range_ids:>16}"
+            )
+        w = by_key.get((r.source, r.real, r.padded))
+        if w is None:
+            right = "not run"
+        elif w.error:
+            right = f"error: {w.error[:60]}"
+        else:
+            wc = w.compare
+            right = wc.match
+            if wc.match == "within 1e-6":
+                right += f" (max rel {wc.max_rel_err:.2g}; summation order differs)"
+            elif wc.match == "MISMATCH":
+                right += (
+                    f" (max abs {err_cell(wc)}, NaN {wc.nan_count}, ids seen {w.out_of_range_ids})"
+                )
+        lines.append(f"{label:<32} {batch:>10} | {left} | {right}")
+    for f in result.forms:
+        if not f.reachable:
+            lines.append(f"{f.source + ': ' + f.form:<32} {'':>10} | not reachable here: {f.note}")
+    lines.append("")
+    if result.forms and result.forms[0].form == "fixed":
+        lines.append(
+            "installed form `fixed`: upstream already masks padded ids on HIP, so without the "
+            "plugin it already matches; the bug shows on the rebuilt form here, and on the "
+            "installed form in an older release's environment (e.g. "
+            ".compat/0.5.13.post1/bin/python -m sglang_amd_moe check)"
+        )
+    lines += [
+        "without plugin: real rows only; max abs err = largest |difference| from the unpadded "
+        "run, n/a when some entries are non-finite (they are counted under NaN), NaN = "
+        "non-finite entries, bad rows = rows not bit-identical, out-of-range ids = ids "
+        "outside [0, NE) read by the consumer's sort (all layers)",
+        "  out-of-range ids are sorted by an emulation of aiter's pre-fix HIP sort "
+        "(e2e.amd_emulation.legacy_hip_sort): the device behaviour is undefined",
+        "with plugin: exact = bit-identical to the unpadded run; within 1e-6 = max|diff| <= "
+        "1e-6 * max|ref|",
+        f"result: {meta['verdict']}  ({meta['elapsed_s']:.1f} s)",
+    ]
+    return "\n".join(lines)
