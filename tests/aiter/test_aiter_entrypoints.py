@@ -128,6 +128,7 @@ def test_vllm_entry_point_patches_aiter_in_either_order(tmp_path, shape, order) 
     assert not [x for x in hook_records(r) if x["level"] in ("WARNING", "ERROR", "CRITICAL")]
 
 
+@pytest.mark.sglang
 def test_sglang_load_plugins_patches_aiter_imported_later(tmp_path) -> None:
     """ATOM inside SGLang: SGLang's real load_plugins() runs our sglang.srt.plugins entry."""
     r = run_child(

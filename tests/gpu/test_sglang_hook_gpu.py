@@ -19,6 +19,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.sglang  # (and `gpu`, as every test under tests/gpu: conftest.py)
+
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 if importlib.util.find_spec("sglang") is None:
