@@ -14,7 +14,7 @@ SGLANG_MAIN := 0.5.23
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 COMPAT := .compat
 
-.PHONY: venv demo test test-gpu compat bench bench-docs lint clean gpu-wheels
+.PHONY: venv demo test test-gpu compat bench bench-docs lint format clean gpu-wheels
 
 $(VENV)/.ready: pyproject.toml tools/compat/build_env.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,7 @@ test: venv $(COMPAT)/server/layer.json
 	$(PY) tools/compat/releases.py build-ci
 	SGLANG_AMD_MOE_TEST_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # On a GPU machine with this package installed (benchmarks/device.sh does it there).
 test-gpu:
@@ -81,6 +82,11 @@ gpu-wheels: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# Rewrites files in place: ruff's formatter (pyproject.toml [tool.ruff], line length 100).
+format: venv
+	$(VENV)/bin/ruff format .
 
 clean:
 	rm -rf $(VENV) $(COMPAT) .cache build dist *.egg-info
