@@ -36,7 +36,7 @@ from sglang_amd_moe.runtime import aiter_hook  # noqa: E402
 
 DEV = "cuda"
 COUNTS = (1, 5, 47, 48, 0)
-# (shape, M, topk, experts, model_dim, inter_dim): count-rejected uses seed 003's shape,
+# (shape, M, topk, experts, model_dim, inter_dim): count-rejected uses aiter PR 7083's shape,
 # which its stand-in lists as supported for the inline-sort path.
 CASES = [
     ("count-dropped", 48, 8, 257, 512, 256),

@@ -14,7 +14,8 @@ that ``sglang_amd_moe.runtime.aiter_hook`` reads, wraps or calls, and nothing mo
 - ``aiter.moe_sorting_fwd``/``moe_sorting_opus_fwd``/``moe_sorting_opus_get_workspace_size``:
   the CK/Opus sorts that ``_moe_sorting_impl``'s non-adaptive path calls.
 
-Every sort writes BRIEF section 2's output contract through this project's plain-torch
+Every sort writes aiter's output contract (``sglang_amd_moe.kernels.mxfp4_moe_sort``
+documents it) through this project's plain-torch
 reference ``sglang_amd_moe.kernels.mxfp4_moe_sort_reference``. The MoE GEMM stages,
 quantisation, tuned-config CSVs and the JIT are not reproduced (see ``fused_moe``).
 
@@ -26,7 +27,7 @@ its text classifies as that tree would (``sglang_amd_moe.runtime.aiter_forms``):
     aiter main as read in Aug 2026 (``aiter/fused_moe.py`` with ``output_aux`` and
     ``_adaptive_moe_sort``; ``mxfp4_moe_sort`` without a count).
 ``count-rejected``
-    the later tree described by seed 003 (aiter PR 7083's base), reconstructed: the
+    the later tree described by aiter PR 7083 (the PR's base), reconstructed: the
     stored upstream history has no version of ``_mxfp4_inline_sort_unsupported``.
 ``no-rocm``
     ``import aiter`` raises, as the real package does on a machine without ROCm.

@@ -4,8 +4,8 @@ Mirrors (names, parameters, defaults, keyword-only markers and control flow of):
 
 - ``_MOE_SORT_BACKEND = os.environ.get("AITER_MOE_SORT_BACKEND", "auto").lower()``;
 - ``_adaptive_moe_sort(topk_ids, topk_weights, num_experts, topk, block_size, model_dim,
-  *, atomic=False, emit_aux=False, moebuf_dtype=dtypes.bf16)``: allocations as BRIEF
-  section 2 gives them, then ``aiter.mxfp4_moe_sort(...)`` by keyword, with no count;
+  *, atomic=False, emit_aux=False, moebuf_dtype=dtypes.bf16)``: allocations as upstream
+  makes them (``sglang_amd_moe.kernels.adaptive_moe_sort`` mirrors them), then ``aiter.mxfp4_moe_sort(...)`` by keyword, with no count;
 - ``_moe_sorting_impl(...)``: ``if output_aux and _MOE_SORT_BACKEND not in ("opus",
   "ck"): return _adaptive_moe_sort(..., atomic=accumulate, emit_aux=True,
   moebuf_dtype=moebuf_dtype)`` -- the count is dropped here -- else the CK/Opus path,
@@ -324,7 +324,7 @@ def _parse_mxfp4_g2_kname(kernelName2):
 
 
 def standin_inline_sort_metadata(block_m=16, atomic=True):
-    """Stand-in only: a tuned BM16 inline-sort (``output_aux``) config like seed 003's rows."""
+    """Stand-in only: a tuned BM16 inline-sort (``output_aux``) config like aiter PR 7083's rows."""
     kn2 = f"flydsl_moe2_layout_afp4_wfp4_bf16_t{block_m}x128x128_{'atomic' if atomic else 'reduce'}_sbm{block_m}"
     return MOEMetadata(
         stage1=functools.partial(

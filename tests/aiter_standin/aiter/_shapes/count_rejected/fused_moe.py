@@ -1,9 +1,9 @@
-"""Stand-in for ``aiter/fused_moe.py`` in the later tree of seed 003 (form ``count-rejected``).
+"""Stand-in for ``aiter/fused_moe.py`` in aiter PR 7083's base tree (form ``count-rejected``).
 
-Seed 003 (aiter PR 7083) describes this tree; the stored upstream history has no version
-of it, so it is reconstructed from the seed's text on top of the ``count-dropped`` stand-in
-(``../count_dropped/fused_moe.py``, aiter main of Aug 2026), changing only what the seed
-says differs:
+The description of aiter PR 7083 describes this tree (the one the PR was written
+against); the stored upstream history has no version of it, so it is reconstructed from
+that text on top of the ``count-dropped`` stand-in (``../count_dropped/fused_moe.py``,
+aiter main of Aug 2026), changing only what the description says differs:
 
 - ``_mxfp4_inline_sort_unsupported(...)`` exists and returns a reason (a string) for any
   call that carries ``num_local_tokens`` ("rejects every call that carries
@@ -328,7 +328,7 @@ def _parse_mxfp4_g2_kname(kernelName2):
 
 
 def standin_inline_sort_metadata(block_m=16, atomic=True):
-    """Stand-in only: a tuned BM16 inline-sort (``output_aux``) config like seed 003's rows."""
+    """Stand-in only: a tuned BM16 inline-sort (``output_aux``) config like aiter PR 7083's rows."""
     kn2 = f"flydsl_moe2_layout_afp4_wfp4_bf16_t{block_m}x128x128_{'atomic' if atomic else 'reduce'}_sbm{block_m}"
     return MOEMetadata(
         stage1=functools.partial(
