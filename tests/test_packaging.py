@@ -4,6 +4,7 @@ package of that name that SGLang depends on)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import zipfile
@@ -29,6 +30,18 @@ def test_wheel_layout(tmp_path: Path) -> None:
     names = wheel.namelist()
     top_levels = {n.split("/", 1)[0] for n in names}
     assert {t for t in top_levels if not t.endswith(".dist-info")} == {"sglang_amd_moe"}
+    # No test tooling inside the package either: nothing shipped imports what only the
+    # tests and tools need (the real-server checkpoint writer lives in tests/server).
+    test_only = {"pytest", "hypothesis", "safetensors", "tokenizers", "transformers", "releases"}
+    for name in (n for n in names if n.endswith(".py")):
+        tree = ast.parse(wheel.read(name))
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+        assert not imported & test_only, f"{name} imports {sorted(imported & test_only)}"
 
     kernel_sources = sorted(p.name for p in (REPO / "kernels").glob("*.py"))
     for name in kernel_sources:
