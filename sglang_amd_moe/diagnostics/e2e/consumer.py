@@ -95,6 +95,14 @@ class AiterLikeMoE:
         self.cfg = cfg
         self.model = model
         self.sort_fn, self.sort_name = _package_sort(model.device)
+        # The sort's size arguments that the model fixes (NE counts the fused shared
+        # expert); M_logical and TOPK come from each call's routing.
+        self.sort_sizes = {
+            "NE": cfg.num_experts,
+            "D_HIDDEN": cfg.hidden,
+            "D_INTER": cfg.moe_inter,
+            "MB": cfg.block_size,
+        }
 
     def __call__(
         self,
@@ -127,11 +135,8 @@ class AiterLikeMoE:
                 bf16_zero_out=torch.empty(0, 0, dtype=torch.bfloat16, device=x.device),
                 bf16_zero_workspace=torch.empty(0, dtype=torch.uint8, device=x.device),
                 M_logical=m,
-                NE=ne,
                 TOPK=k,
-                D_HIDDEN=cfg.hidden,
-                D_INTER=cfg.moe_inter,
-                MB=mb,
+                **self.sort_sizes,
                 prologue=0,
                 num_local_tokens=num_local_tokens,
             )
