@@ -42,11 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``audit`` (no arguments), then ``check`` with ``argv``; see the module docstring."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)  # --help, and bad options, before anything runs
-    # Before the audit can import triton (see e2e.use_triton_interpreter).
+    # Before anything can import triton (see e2e.use_triton_interpreter).
     use_triton_interpreter(args.device)
     print("== sglang-amd-moe audit", flush=True)
-    try:
-        # Imported inside the try: an audit that cannot even import must not hide the check.
+    try:  # an audit that fails, even on import, must not hide the check
         from sglang_amd_moe.diagnostics import audit
 
         audit_status = int(audit.main([]) or 0)

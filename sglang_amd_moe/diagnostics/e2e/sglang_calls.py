@@ -137,9 +137,8 @@ def load_plugin() -> tuple[bool, str]:
     """Load this package's plugin the real way: ``SGLANG_AMD_MOE_FORCE=1`` and SGLang's
     ``load_plugins()``. Returns (hook live, what happened)."""
     os.environ["SGLANG_AMD_MOE_FORCE"] = "1"
-    # Imported here, not at the top: importing the loader is part of what is checked
-    # (SGLang 0.5.10 has none), and it must come after the caller has put the function
-    # to classify in place.
+    # Imported here, not at the top: this module must import without SGLang (the check
+    # reports a missing one itself), and SGLang 0.5.10 has no loader at all.
     try:
         from sglang.srt.plugins import load_plugins
     except ImportError:
