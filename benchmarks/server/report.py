@@ -208,11 +208,15 @@ def render(doc: dict) -> str:
     )
     w(
         "- `SGLANG_AMD_MOE_TEST_PASS_COUNT=1` hands `TopK` that count as `num_token_non_padded`. "
-        "SGLang 0.5.13.post1 passes the count only on its expert-parallel paths (DeepEP-style "
-        "all-to-all `forward_deepep`, two-batch overlap `op_select_experts`) and keeps the "
-        "graph's copy current only when the expert-parallel size is above 1; on one GPU "
-        "every MoE model's `forward_normal` passes none, so without this switch neither "
-        "upstream's padded-row code nor the plugin's has a count to act on (run e)."
+        "In SGLang 0.5.13.post1 the MoE models that pass it (bailing_moe, deepseek_v2, "
+        "exaone_moe, glm4_moe, glm4_moe_lite, llada2, mimo_v2, minimax_m2, qwen2_moe, qwen3_moe, "
+        "sdar_moe, step3p5) do so only in `forward_deepep` (expert-parallel all-to-all) and "
+        "`op_select_experts` (two-batch overlap, which needs an all-to-all backend), and the "
+        "graph runner keeps its copy current only when the expert-parallel size is above 1. "
+        "On one GPU every model's `forward_normal` passes none, so without this switch neither "
+        "upstream's padded-row code nor the plugin's has a count to act on: run (e) shows that "
+        "case, where the plugin, which acts only on rows at and beyond the count it is given, "
+        "leaves the garbage alone."
     )
     w("")
     w(
