@@ -14,7 +14,7 @@ SGLANG_MAIN := 0.5.23
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 COMPAT := .compat
 
-.PHONY: venv demo test test-gpu compat bench bench-docs lint format clean gpu-wheels
+.PHONY: venv demo test test-gpu compat bench bench-docs lint format clean gpu-wheels server-wheels server-docs
 
 $(VENV)/.ready: pyproject.toml tools/compat/build_env.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,17 @@ gpu-wheels: venv
 	$(PIP) wheel -q --no-deps -w .whl .
 	$(PY) benchmarks/extract_peers.py
 	$(PIP) download -q --no-deps --only-binary=:all: $(GPU_PLATFORMS) -d .whl $(GPU_SGLANG) $(GPU_CLOSURE)
+
+# The real-server run (benchmarks/server/README.md): build this package's wheel from this
+# tree and gather SGLang 0.5.13.post1's server closure for the GPU machine's Python 3.12
+# into .carry-server/ (git-ignored), then on the GPU machine, with carry [".carry-server"]:
+#   bash .carry-server/server/device.sh
+server-wheels: venv
+	$(PY) benchmarks/server/bundle.py --dest .carry-server
+
+# Here: regenerate docs/server.md from the committed results.
+server-docs:
+	$(PY) benchmarks/server/report.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,166 @@
+"""The real-server run's committed results, its doc, and the harness's own logic.
+
+docs/server.md must be what benchmarks/server/report.py makes of
+benchmarks/results/server-h200.json, so no number in it is typed by hand. The harness
+(benchmarks/server/harness.py) runs only on a GPU machine, but how it judges a run
+(comparison, damage, padding, timing, log parsing) and how the bundle trims wheels are
+plain functions, checked here on small inputs and on the committed server logs.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import zipfile
+from pathlib import Path
+
+# benchmarks/ is on pytest's pythonpath: benchmarks/server is the namespace package `server`.
+from server import bundle, harness, report
+
+REPO = Path(__file__).resolve().parents[1]
+SERVER = REPO / "benchmarks" / "server"
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def test_server_md_is_generated_from_the_committed_json() -> None:
+    doc = json.loads((RESULTS / "server-h200.json").read_text())
+    expected = report.render(doc)
+    actual = (REPO / "docs" / "server.md").read_text()
+    assert actual == expected, "docs/server.md is stale: run `python benchmarks/server/report.py`"
+
+
+def test_every_request_batch_is_padded_in_its_graph() -> None:
+    """The design rests on this: no batch size is a captured size, all fit the largest."""
+    for size in (*harness.CHECK_SIZES, *harness.OVERHEAD_SIZES):
+        assert size not in harness.CAPTURE_BS
+        assert size < max(harness.CAPTURE_BS)
+
+
+def test_prompts_are_fixed_distinct_and_in_the_vocabulary() -> None:
+    a = harness.prompts(0, 10, 1024)
+    assert a == harness.prompts(0, 10, 1024)
+    assert a != harness.prompts(1, 10, 1024)
+    assert len({tuple(p) for p in a}) == 10
+    assert all(len(p) == harness.PROMPT_LEN for p in a)
+    assert all(harness.FIRST_TOKEN_ID <= t < 1024 for p in a for t in p)
+
+
+def test_run_environments_differ_only_in_their_switches(tmp_path: Path) -> None:
+    base = {
+        "PATH": "/bin",
+        "PYTHONPATH": "/site",
+        "SGLANG_AMD_MOE_DISABLE": "1",
+        "SGLANG_PLUGINS": "x",
+    }
+    envs = {
+        r.label: harness.server_env(r, base, tmp_path / "site", tmp_path / "rec")
+        for r in harness.RUNS
+    }
+    for run in harness.RUNS:
+        env = envs[run.label]
+        assert env["PYTHONPATH"] == f"{tmp_path / 'site'}:/site"
+        assert "SGLANG_PLUGINS" not in env
+        assert env["SGLANG_AMD_MOE_FORCE"] == "1" and env["SGLANG_AMD_MOE_TEST_HIP_BRANCH"] == "1"
+        assert ("SGLANG_AMD_MOE_DISABLE" in env) == (not run.plugin)
+        assert ("SGLANG_AMD_MOE_TEST_INJECT" in env) == run.inject
+        assert ("SGLANG_AMD_MOE_TEST_PASS_COUNT" in env) == run.pass_count
+    assert [r.label for r in harness.RUNS] == ["a", "b", "c", "d", "e"]
+
+
+def test_compare_and_damage() -> None:
+    ref = [
+        {"ids": [1, 2, 3], "logprobs": [-1.0, -2.0, -3.0]},
+        {"ids": [4, 5], "logprobs": [-1.0, -1.0]},
+    ]
+    same = harness.compare(ref, ref)
+    assert (same["served"], same["identical"], same["mismatched"], same["errors"]) == (2, 2, 0, 0)
+    assert harness.damage(same, harness.parse_log(""), died=False) == []
+
+    got = [{"ids": [1, 9, 3], "logprobs": [-1.0, None, -3.0]}, {"error": "HTTP 500: boom"}]
+    cmp = harness.compare(got, ref)
+    assert (cmp["served"], cmp["identical"], cmp["mismatched"], cmp["errors"]) == (1, 0, 1, 1)
+    assert cmp["nan_logprob_requests"] == 1
+    assert cmp["first_mismatch"] == {
+        "request": 0,
+        "position": 1,
+        "got": [9, 3],
+        "reference": [2, 3],
+    }
+    assert harness.damage(cmp, harness.parse_log(""), died=False) == ["NaN", "wrong tokens"]
+    fault = harness.parse_log(
+        "x\ntorch.AcceleratorError: CUDA error: an illegal instruction was encountered\n"
+    )
+    assert harness.damage(cmp, fault, died=True)[0] == "device fault"
+    failed = harness.compare([{"error": "refused"}, {"error": "refused"}], ref)
+    assert harness.damage(failed, harness.parse_log(""), died=False) == ["requests failed"]
+
+
+def test_padding_summary_counts_replays_with_padded_rows() -> None:
+    recs = [{"replays": {"3/12": 5, "12/12": 2}}, {"replays": {"33/40": 1}}, {"replays": {}}]
+    assert harness.padding_summary(recs) == {
+        "replays": 8,
+        "replays_with_padded_rows": 6,
+        "by_real_over_padded": {"3/12": 5, "12/12": 2, "33/40": 1},
+    }
+
+
+def test_decode_timing_excludes_the_first_token() -> None:
+    rounds = [
+        {"marks": [(10.0, 1), (10.5, 2), (11.0, 11)]},
+        {"marks": [(10.2, 1), (11.2, 11)]},
+        {"error": "x"},
+    ]
+    t = harness.decode_timing(rounds)
+    assert t["ok"] == 2
+    assert abs(t["tpot_ms"] - 100.0) < 1e-9  # both: 1.0 s over 10 tokens
+    assert abs(t["decode_tok_s"] - 20 / 1.2) < 1e-9
+    assert harness.decode_timing([{"marks": [(1.0, 1)]}]) == {"ok": 0}
+
+
+def test_parse_log_reads_the_committed_server_logs() -> None:
+    a = harness.parse_log((RESULTS / "server-h200-a.log").read_text())
+    processes = {x["process"] for x in a["plugin_lines"]}
+    assert "run_scheduler_process" in processes
+    assert all("form=weights-only -> hooked" in x["line"] for x in a["plugin_lines"])
+    assert {x["process"] for x in a["hook_applied"]} >= {"run_scheduler_process"}
+    assert any(c.startswith("bs [2, 12, 40]") for c in a["capture_lines"])
+    assert a["fault_lines"] == []
+    c = harness.parse_log((RESULTS / "server-h200-c.log").read_text())
+    assert all("disabled by SGLANG_AMD_MOE_DISABLE=1" in x["line"] for x in c["plugin_lines"])
+    assert any("illegal instruction" in line for line in c["fault_lines"])
+
+
+def _wheel(path: Path, files: dict[str, bytes]) -> None:
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for name in files:
+        writer.writerow([name, "sha256=x", "1"])
+    writer.writerow(["demo-1.0.dist-info/RECORD", "", ""])
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        zf.writestr("demo-1.0.dist-info/RECORD", record.getvalue())
+
+
+def test_trim_wheel_drops_members_and_their_record_rows(tmp_path: Path) -> None:
+    src, dest = (
+        tmp_path / "demo-1.0-py3-none-any.whl",
+        tmp_path / "out" / "demo-1.0-py3-none-any.whl",
+    )
+    dest.parent.mkdir()
+    _wheel(
+        src,
+        {"demo/__init__.py": b"x = 1\n", "demo/big/blob.so": b"0" * 1000, "demo/data/a.h": b"h"},
+    )
+    info = bundle.trim_wheel(src, dest, ("demo/big/", "demo/data/"))
+    assert info == {"removed_files": 2, "removed_bytes": 1001}
+    with zipfile.ZipFile(dest) as zf:
+        assert sorted(zf.namelist()) == ["demo-1.0.dist-info/RECORD", "demo/__init__.py"]
+        rows = [
+            r[0]
+            for r in csv.reader(io.StringIO(zf.read("demo-1.0.dist-info/RECORD").decode()))
+            if r
+        ]
+        assert rows == ["demo/__init__.py", "demo-1.0.dist-info/RECORD"]
+        assert zf.read("demo/__init__.py") == b"x = 1\n"
