@@ -47,7 +47,11 @@ def test_every_broken_form_has_a_release_and_a_patch() -> None:
 
 @pytest.fixture(scope="module")
 def sources() -> dict[str, str]:
-    return {rel.label: releases.topk_source(rel) for rel in releases.RELEASES if rel.expected_form in PATCHED_FORMS}
+    return {
+        rel.label: releases.topk_source(rel)
+        for rel in releases.RELEASES
+        if rel.expected_form in PATCHED_FORMS
+    }
 
 
 @pytest.mark.parametrize(("form", "label"), CASES)
@@ -76,19 +80,30 @@ def _tree(tmp: Path, src: str) -> Path:
 
 @pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch is not installed")
 @pytest.mark.parametrize(("form", "label"), CASES)
-def test_gnu_patch_applies_without_fuzz(form: str, label: str, sources: dict[str, str], tmp_path: Path) -> None:
+def test_gnu_patch_applies_without_fuzz(
+    form: str, label: str, sources: dict[str, str], tmp_path: Path
+) -> None:
     src = sources[label]
     target = _tree(tmp_path, src)
     diff = patching.patch_path(patching.patch_for("sglang", form))
     proc = subprocess.run(
-        ["patch", "-p1", "--forward", "--batch", "-i", diff], cwd=tmp_path, capture_output=True, text=True
+        ["patch", "-p1", "--forward", "--batch", "-i", diff],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fuzz" not in proc.stdout, proc.stdout
-    assert target.read_text() == patching.apply_text(src, patching.read_patch(patching.patch_for("sglang", form)))
+    assert target.read_text() == patching.apply_text(
+        src, patching.read_patch(patching.patch_for("sglang", form))
+    )
     # Applying twice is refused, as users expect from `patch --forward`.
-    again = subprocess.run(["patch", "-p1", "--forward", "--batch", "--dry-run", "-i", diff], cwd=tmp_path,
-                           capture_output=True, text=True)
+    again = subprocess.run(
+        ["patch", "-p1", "--forward", "--batch", "--dry-run", "-i", diff],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode != 0
 
 
@@ -97,7 +112,9 @@ def test_gnu_patch_applies_without_fuzz(form: str, label: str, sources: dict[str
 def test_git_apply_check(form: str, label: str, sources: dict[str, str], tmp_path: Path) -> None:
     _tree(tmp_path, sources[label])
     diff = patching.patch_path(patching.patch_for("sglang", form))
-    proc = subprocess.run(["git", "apply", "--check", "-v", diff], cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "apply", "--check", "-v", diff], cwd=tmp_path, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -110,13 +127,19 @@ def test_patch_headers_say_what_users_need() -> None:
         for n in numbers:
             assert n in header, (name, n)
         assert len(patching.parse(text)) == 1
+        if name.startswith("sglang-"):
+            # The documented command is the one the audit prints.
+            assert f"patch --dry-run {patching.PATCH_OPTIONS} TOPK_PY {name} &&" in header, name
+            assert f"  patch {patching.PATCH_OPTIONS} TOPK_PY {name}\n" in header, name
+            # The line that tells a patched file from a fixed release.
+            assert f"+        # Patched by sglang-amd-moe ({name})" in text, name
 
 
 # The patched file as the real release's topk module: a finder serves the patched text
 # for `sglang.srt.layers.moe.topk`, so every import of it (the package's own included)
 # gets it; then the HIP branch is driven on the CPU, EPLB off and on, and with aiter's
 # shared-expert append (a Triton kernel, interpreted).
-RUNNER = r'''
+RUNNER = r"""
 import dataclasses, importlib.abc, importlib.util, json, sys
 PATCHED = sys.argv[1]
 NAME = "sglang.srt.layers.moe.topk"
@@ -186,7 +209,7 @@ else:
 tk._use_aiter = True
 res["append"] = call(None, shared)
 print("RESULT " + json.dumps(res))
-'''
+"""
 
 # One release of each broken form that `make test` builds (ci=True), and any other
 # broken-form environment that happens to be built.
@@ -203,10 +226,14 @@ def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_
     rel = releases.BY_LABEL[label]
     if not rel.is_built():
         if rel.ci:
-            pytest.fail(f"{label} is a CI release but its environment is not built (make test builds it)")
+            pytest.fail(
+                f"{label} is a CI release but its environment is not built (make test builds it)"
+            )
         pytest.skip(f"{label}: environment not built (make compat builds it)")
     form = rel.expected_form
-    fixed = patching.apply_text(sources[label], patching.read_patch(patching.patch_for("sglang", form)))
+    fixed = patching.apply_text(
+        sources[label], patching.read_patch(patching.patch_for("sglang", form))
+    )
     patched = tmp_path / "topk.py"
     patched.write_text(fixed)
     proc = subprocess.run(
@@ -223,10 +250,12 @@ def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_
         # text is exercised on the other releases of its form.
         if rel.has_plugin_loader:
             pytest.fail(f"{label}: topk does not import: {err}")
-        pytest.skip(f"{label}: sglang.srt.layers.moe.topk does not import on this machine: {err[13:]}")
+        pytest.skip(
+            f"{label}: sglang.srt.layers.moe.topk does not import on this machine: {err[13:]}"
+        )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, proc.stdout[-3000:] + proc.stderr[-5000:]
-    res = json.loads(line[len("RESULT "):])
+    res = json.loads(line[len("RESULT ") :])
     real_ids, real_w, perm = res["real_ids"], res["real_w"], res["perm"]
     n = len(real_ids)
     e = len(perm)
@@ -234,7 +263,11 @@ def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_
     def check(out: dict, expect_real_ids: list[list[int]], k: int) -> None:
         ids, w = out["ids"], out["w"]
         assert [row[:k] for row in ids[:n]] == expect_real_ids
-        assert all(abs(a - b) < 1e-6 for r1, r2 in zip(w[:n], real_w, strict=True) for a, b in zip(r1[:k], r2, strict=True))
+        assert all(
+            abs(a - b) < 1e-6
+            for r1, r2 in zip(w[:n], real_w, strict=True)
+            for a, b in zip(r1[:k], r2, strict=True)
+        )
         for row in ids[n:]:
             assert all(0 <= x <= e for x in row), f"padded ids still out of range: {row}"
         for row in w[n:]:
@@ -250,3 +283,83 @@ def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_
     assert all(len(row) == 5 for row in append["ids"])
     assert all(row[4] == e for row in append["ids"][:n])
     check(append, real_ids, 4)
+
+
+# The command the audit prints and the headers document, run with the real GNU patch.
+
+
+def _run_shell(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def _leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name != "topk.py")
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch is not installed")
+@pytest.mark.parametrize(("form", "label"), CASES)
+def test_documented_command_applies_cleanly(
+    form: str, label: str, sources: dict[str, str], tmp_path: Path
+) -> None:
+    """Applies without fuzz and leaves no .orig, also where hunks land at an offset
+    (0.5.10, 0.5.11); a second run is refused, changes nothing and leaves no .rej."""
+    name = patching.patch_for("sglang", form)
+    src = sources[label]
+    target = tmp_path / "topk.py"
+    target.write_text(src)
+    cmd = patching.apply_command(str(target), name)
+    first = _run_shell(cmd, tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "fuzz" not in first.stdout, first.stdout
+    patched = patching.apply_text(src, patching.read_patch(name))
+    assert target.read_text() == patched
+    assert _leftovers(tmp_path) == []
+    again = _run_shell(cmd, tmp_path)
+    assert again.returncode != 0 and "previously applied" in again.stdout, again.stdout
+    assert target.read_text() == patched and _leftovers(tmp_path) == []
+
+
+def _edit_hunk_line(src: str, name: str, hunk: int, line: int) -> str:
+    """``src`` with one old line of a hunk of ``name`` changed where that hunk matches."""
+    old = patching.parse(patching.read_patch(name))[0].hunks[hunk].old
+    block = "\n".join(old)
+    assert src.count(block) == 1
+    edited = list(old)
+    edited[line] += "  # a local edit"
+    return src.replace(block, "\n".join(edited))
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch is not installed")
+def test_documented_command_refuses_fuzz_and_partial_application(
+    sources: dict[str, str], tmp_path: Path
+) -> None:
+    name = "sglang-no-hip-handling.diff"
+    src = sources["0.5.12.post1"]
+    diff = patching.patch_path(name)
+    # 1. The last context line of the second hunk edited: GNU patch's default (fuzz 2)
+    #    applies the hunk anyway; the audit calls it drift, and so must the command.
+    fuzzy = _edit_hunk_line(src, name, 1, -1)
+    assert patching.status(fuzzy, patching.read_patch(name)) == patching.DRIFT
+    default = tmp_path / "default"
+    default.mkdir()
+    (default / "topk.py").write_text(fuzzy)
+    proc = _run_shell(f"patch --forward topk.py {diff}", default)
+    assert proc.returncode == 0 and "with fuzz" in proc.stdout, (
+        proc.stdout
+    )  # what the command must not do
+    # 2. A line fuzz cannot skip edited in the second hunk: GNU patch without a dry run
+    #    writes the first hunk and drops the second (a half-patched file).
+    partial = _edit_hunk_line(src, name, 1, 3)
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "topk.py").write_text(partial)
+    proc = _run_shell(f"patch {patching.PATCH_OPTIONS} topk.py {diff}", half)
+    assert proc.returncode != 0 and (half / "topk.py").read_text() != partial
+    for k, text in enumerate((fuzzy, partial)):
+        d = tmp_path / f"refused{k}"
+        d.mkdir()
+        target = d / "topk.py"
+        target.write_text(text)
+        proc = _run_shell(patching.apply_command(str(target), name), d)
+        assert proc.returncode != 0, proc.stdout
+        assert target.read_text() == text and _leftovers(d) == [], proc.stdout
