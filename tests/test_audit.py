@@ -157,8 +157,11 @@ def test_source_mode_per_release(label: str, release_files: dict[str, Path]) -> 
             t["patch_file"] == patching.patch_path(t["patch"]) and Path(t["patch_file"]).is_file()
         )
         assert t["apply_command"] == patching.apply_command(str(release_files[label]), t["patch"])
-        text = run_cli("--sglang-source", str(release_files[label])).stdout
-        assert t["patch_file"] in text and t["apply_command"] in text
+        lines = run_cli("--sglang-source", str(release_files[label])).stdout.splitlines()
+        assert any(ln.endswith(f"patch: {t['patch_file']} (applies)") for ln in lines)
+        # The table prints the command on two lines that paste as one shell command.
+        at = lines.index("        to patch the file instead:")
+        assert " ".join(ln.strip() for ln in lines[at + 1 : at + 3]) == t["apply_command"]
 
 
 @pytest.mark.parametrize(

@@ -798,8 +798,9 @@ def render_table(reports: list[TargetReport], exit_status: int, view: PluginView
         lines.append(f"{pad}sha256: {r.sha256 or '-'}")
         if r.patch_file:
             lines.append(f"{pad}patch: {r.patch_file} ({r.patch_status})")
-        if r.apply_command:
-            lines.append(f"{pad}to patch the file instead: {r.apply_command}")
+        if r.apply_command:  # two lines, still one shell command when pasted
+            dry_run, apply = r.apply_command.split(" && ")
+            lines += [f"{pad}to patch the file instead:", f"{pad}  {dry_run} &&", f"{pad}  {apply}"]
         lines.extend(f"{pad}note: {n}" for n in r.notes)
     lines.extend(f"note: {n}" for n in platform_notes(reports, view))
     n = sum(r.needs_attention for r in reports)

@@ -127,10 +127,13 @@ def test_patch_headers_say_what_users_need() -> None:
         for n in numbers:
             assert n in header, (name, n)
         assert len(patching.parse(text)) == 1
+        # The documented command is the one the audit prints.
+        file = "TOPK_PY" if name.startswith("sglang-") else "FUSED_MOE_PY"
+        assert f"patch --dry-run {patching.PATCH_OPTIONS} {file} {name} &&" in header, name
+        assert f"  patch {patching.PATCH_OPTIONS} {file} {name}\n" in header, name
+        for internal in ("BRIEF", "seed 0", "tools/compat"):
+            assert internal not in header, (name, internal)
         if name.startswith("sglang-"):
-            # The documented command is the one the audit prints.
-            assert f"patch --dry-run {patching.PATCH_OPTIONS} TOPK_PY {name} &&" in header, name
-            assert f"  patch {patching.PATCH_OPTIONS} TOPK_PY {name}\n" in header, name
             # The line that tells a patched file from a fixed release.
             assert f"+        # Patched by sglang-amd-moe ({name})" in text, name
 
