@@ -544,3 +544,48 @@ def test_load_agrees_with_plain_audit_while_the_aiter_hook_is_pending(tmp_path: 
         assert a_plain[key] == a_load[key], key
     assert a_load["patch_status"] == patching.DRIFT and "drift" in a_load["reason"]
     assert plain["rc"] == loaded["rc"] == 1
+
+
+@pytest.mark.parametrize(
+    ("state", "env", "covered", "hook"),
+    [
+        ("live", {}, True, "live"),
+        ("pending", {}, True, "pending"),
+        ("off", {}, True, "not ROCm"),  # off only because torch here is not ROCm
+        ("off", {"SGLANG_AMD_MOE_FORCE": "1"}, False, "off"),  # off for another reason
+        ("off", {"SGLANG_AMD_MOE_DISABLE": "1"}, False, "off"),
+        ("refused", {}, False, "refused"),
+        ("error", {}, False, "error"),
+        ("not-needed", {}, False, "not-needed"),
+        (None, {}, False, "not called"),
+    ],
+)
+def test_verdict_from_hook_status_after_load(
+    state: str | None,
+    env: dict[str, str],
+    covered: bool,
+    hook: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What --load concludes from each HookStatus a hook can report, for a broken form in
+    this environment (SGLang 0.5.23 has the loader; this package's entry point is here)."""
+    from sglang_amd_moe.runtime.hookstate import HookStatus
+
+    for var in ("SGLANG_AMD_MOE_FORCE", "SGLANG_AMD_MOE_DISABLE", "SGLANG_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    view = audit._plugin_view()
+    assert view.sglang_loader and view.sglang_ep is not None and audit._torch_is_rocm() is False
+    view.loaded = True
+    rep = audit._not_installed(audit.SGLANG)
+    rep.installed, rep.form, rep.file = True, "weights-only", "topk.py"
+    rep.status = (
+        None if state is None else HookStatus("sglang", state, "weights-only", f"hook says {state}")
+    )
+    v = audit._verdict(rep, view)
+    assert (v.covered, v.hook, v.attention) == (covered, hook, not covered), v.reason
+    if state in ("refused", "error", "not-needed") or env.get("SGLANG_AMD_MOE_FORCE"):
+        assert v.reason.endswith(f"hook says {state}")
+    if env.get("SGLANG_AMD_MOE_DISABLE"):
+        assert "plugin disabled: SGLANG_AMD_MOE_DISABLE is set" in v.reason

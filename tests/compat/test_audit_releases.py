@@ -1,5 +1,6 @@
 """`sglang-amd-moe audit` in the interpreter of each CI release (one per form), checked
-against BRIEF's table: the form, the exit status, the matching patch, and the hook.
+against the release table (``tools/compat/releases.py``): the form, the exit status, the
+matching patch, and the hook.
 
 This is the CI part of the compatibility matrix (`make compat` runs every release, see
 ``releases.py matrix``). The plain audit imports neither SGLang nor torch (fast); the
@@ -55,7 +56,7 @@ def _sglang(doc: dict) -> dict:
 
 
 @pytest.mark.parametrize("label", CI)
-def test_audit_matches_brief(label: str) -> None:
+def test_audit_matches_release_table(label: str) -> None:
     rel = _release(label)
     proc = _audit(rel, "--json")
     doc = json.loads(proc.stdout)

@@ -57,7 +57,7 @@ def sources() -> dict[str, str]:
 @pytest.mark.parametrize(("form", "label"), CASES)
 def test_patch_fixes_release_file(form: str, label: str, sources: dict[str, str]) -> None:
     src = sources[label]
-    assert classify_source(src) == form, "the release's own file no longer has its BRIEF form"
+    assert classify_source(src) == form, "the release's own file no longer has its expected form"
     text = patching.read_patch(patching.patch_for("sglang", form))
     assert patching.status(src, text) == patching.APPLIES
     fixed = patching.apply_text(src, text)
