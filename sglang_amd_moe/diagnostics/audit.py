@@ -349,44 +349,27 @@ def _disabled_by_env(list_var: str, ep_name: str) -> str:
 
 
 def _routes(target: str, view: PluginView) -> list[Route]:
-    routes = [_sglang_route(view)]
-    if target == AITER:
-        routes.append(_vllm_route(view))
+    sglang = view.sglang_dir is not None
+    routes = [_route("SGLang", sglang, view.sglang_loader, view.sglang_ep, "SGLANG_PLUGINS")]
+    if target == AITER:  # vLLM loads general plugins in every release
+        routes.append(_route("vLLM", view.vllm_installed, True, view.vllm_ep, "VLLM_PLUGINS"))
     return routes
 
 
-def _sglang_route(view: PluginView) -> Route:
-    if view.sglang_dir is None:
-        return Route("SGLang", "off", "SGLang is not installed here")
-    if not view.sglang_loader:
-        version = _distribution("sglang")[1]
-        return Route(
-            "SGLang",
-            "no loader",
-            f"{'SGLang ' + version if version else 'this SGLang'} has no plugin loader (sglang.srt.plugins): "
-            "the plugin cannot load here",
-        )
-    if view.sglang_ep is None:
-        return Route(
-            "SGLang",
-            "off",
-            "sglang-amd-moe's SGLang entry point is not registered (is it installed here?)",
-        )
-    off = _disabled_by_env("SGLANG_PLUGINS", view.sglang_ep.name)
-    return Route("SGLang", "off", f"plugin disabled: {off}") if off else Route("SGLang")
-
-
-def _vllm_route(view: PluginView) -> Route:
-    if not view.vllm_installed:
-        return Route("vLLM", "off", "vLLM is not installed here")
-    if view.vllm_ep is None:
-        return Route(
-            "vLLM",
-            "off",
-            "sglang-amd-moe's vLLM entry point is not registered (is it installed here?)",
-        )
-    off = _disabled_by_env("VLLM_PLUGINS", view.vllm_ep.name)
-    return Route("vLLM", "off", f"plugin disabled: {off}") if off else Route("vLLM")
+def _route(
+    host: str, installed: bool, loader: bool, ep: md.EntryPoint | None, list_var: str
+) -> Route:
+    if not installed:
+        return Route(host, "off", f"{host} is not installed here")
+    if not loader:  # SGLang 0.5.10 and 0.5.10.post1
+        version = _distribution("sglang")[1] or "here"
+        why = f"SGLang {version} has no plugin loader (sglang.srt.plugins): the plugin cannot load here"
+        return Route(host, "no loader", why)
+    if ep is None:
+        why = f"sglang-amd-moe's {host} entry point is not registered (is it installed here?)"
+        return Route(host, "off", why)
+    off = _disabled_by_env(list_var, ep.name)
+    return Route(host, "off", f"plugin disabled: {off}") if off else Route(host)
 
 
 def _run_load_plugins(view: PluginView) -> None:
