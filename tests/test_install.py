@@ -192,3 +192,30 @@ def test_install_into_rocm_image_keeps_its_triton(wheel: Path, index: Path, tmp_
     assert audit.returncode == 1, audit.stdout + audit.stderr
     assert f"SGLang is not installed in this interpreter ({py})" in audit.stdout
     assert "ATTENTION: 1 target(s) need action (exit 1)" in audit.stdout
+
+
+def test_audit_reports_a_clobbered_rocm_triton(wheel: Path, index: Path, tmp_path: Path) -> None:
+    """A ROCm image where something installed the CUDA `triton` wheel over ROCm's (what
+    this package's earlier `triton` requirement did): the audit says so and how to
+    recover, exit 1."""
+    env = _server_env(tmp_path, index, "rocm")
+    _pip(
+        env,
+        "install",
+        "--no-index",
+        "--find-links",
+        str(index),
+        "--no-deps",
+        "triton==3.9.0",
+        str(wheel),
+    )
+    py = str(env / "bin" / "python")
+    audit = subprocess.run(
+        [py, "-m", "sglang_amd_moe", "audit", "--json"], capture_output=True, text=True, timeout=300
+    )
+    assert audit.returncode == 1, audit.stdout + audit.stderr
+    (problem,) = json.loads(audit.stdout)["problems"]
+    assert problem.startswith("both triton 3.9.0 and pytorch-triton-rocm 3.4.0 are installed"), (
+        problem
+    )
+    assert "pytorch-triton-rocm==3.4.0" in problem

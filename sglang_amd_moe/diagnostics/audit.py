@@ -311,6 +311,24 @@ class PluginView:
     vllm_installed: bool
     vllm_ep: md.EntryPoint | None
     loaded: bool = False  # --load ran load_plugins() in this process
+    #: Problems of the environment itself (each needs attention).
+    problems: list[str] = field(default_factory=list)
+
+
+def _triton_clash() -> str:
+    """Both ``triton`` and ``pytorch-triton-rocm`` installed: two distributions own the
+    same ``triton/`` files, so one overwrote the other (what installing a package that
+    requires ``triton`` into a ROCm image does)."""
+    try:
+        rocm, cuda = md.version("pytorch-triton-rocm"), md.version("triton")
+    except Exception:  # PackageNotFoundError: not both (the usual case)
+        return ""
+    return (
+        f"both triton {cuda} and pytorch-triton-rocm {rocm} are installed: they own the same "
+        "triton/ files, so one overwrote the other. Uninstalling triton deletes those files too: "
+        f"run `python -m pip uninstall -y triton` and then `python -m pip install --force-reinstall "
+        f"--no-deps pytorch-triton-rocm=={rocm}` from the PyTorch ROCm index your torch came from"
+    )
 
 
 def _plugin_view() -> PluginView:
@@ -324,6 +342,7 @@ def _plugin_view() -> PluginView:
         sglang_ep=_our_entry_point("sglang.srt.plugins", OUR_SGLANG_EP),
         vllm_installed=_find_package_dir("vllm") is not None,
         vllm_ep=_our_entry_point("vllm.general_plugins", OUR_VLLM_EP),
+        problems=[p for p in (_triton_clash(),) if p],
     )
 
 
@@ -785,13 +804,18 @@ def render_table(reports: list[TargetReport], exit_status: int, view: PluginView
             dry_run, apply = r.apply_command.split(" && ")
             lines += [f"{pad}to patch the file instead:", f"{pad}  {dry_run} &&", f"{pad}  {apply}"]
         lines.extend(f"{pad}note: {n}" for n in r.notes)
+    problems = view.problems if view is not None else []
+    lines.extend(f"!! environment: {p}" for p in problems)
     lines.extend(f"note: {n}" for n in platform_notes(reports, view))
     n = sum(r.needs_attention for r in reports)
-    lines.append(
-        "OK: nothing needs action (exit 0)"
-        if exit_status == 0
-        else f"ATTENTION: {n} target(s) need action (exit 1)"
-    )
+    if exit_status == 0:
+        lines.append("OK: nothing needs action (exit 0)")
+    elif not problems:
+        lines.append(f"ATTENTION: {n} target(s) need action (exit 1)")
+    else:
+        lines.append(
+            f"ATTENTION: {f'{n} target(s) and ' if n else ''}the environment need action (exit 1)"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -801,6 +825,7 @@ def render_json(
     doc: dict[str, Any] = {
         "exit_status": exit_status,
         "targets": [r.to_json() for r in reports],
+        "problems": view.problems if view is not None else [],
         "notes": platform_notes(reports, view),
     }
     if diff:
@@ -816,7 +841,8 @@ exit status:
   0  the targets were found and nothing needs action (fixed upstream, patched,
      or covered by the plugin)
   1  something needs attention (SGLang not in this interpreter, an unknown form,
-     a broken form the plugin cannot cover, patch drift)
+     a broken form the plugin cannot cover, patch drift, both triton and
+     pytorch-triton-rocm installed)
   2  the audit failed (a file it cannot read or that is not the target's, a
      failing load_plugins(), a report it cannot print)
 
@@ -896,7 +922,8 @@ def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], 
         reports = [_audit_installed(target, view) for target in (SGLANG, AITER)]
     for rep in reports:
         _conclude(rep, view)
-    exit_status = 1 if any(r.needs_attention for r in reports) else 0
+    problems = view.problems if view is not None else []
+    exit_status = 1 if problems or any(r.needs_attention for r in reports) else 0
     return exit_status, reports, view
 
 

@@ -127,8 +127,24 @@ def test_audit_after_real_load_plugins(label: str) -> None:
         )
 
 
+# One release without a plugin loader and one broken release with it: the verdict
+# logic is the same for every release (test_audit.py checks it for every hook state),
+# and each `--load` imports SGLang (40 s on a loaded 2-core machine).
+AGREE = [
+    pytest.param(rel.label, id=rel.label)
+    for rel in (
+        next(r for r in releases.RELEASES if r.ci and not r.has_plugin_loader),
+        next(
+            r
+            for r in releases.RELEASES
+            if r.ci and r.has_plugin_loader and r.expected_form != "fixed"
+        ),
+    )
+]
+
+
 @pytest.mark.sglang
-@pytest.mark.parametrize("label", CI)
+@pytest.mark.parametrize("label", AGREE)
 def test_load_and_plain_audit_agree_off_rocm(label: str) -> None:
     """On a machine without ROCm torch and without FORCE, load_plugins() calls the plugin
     and its hook stays off: `--load` gives the same verdict as the plain audit (what the
