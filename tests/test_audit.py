@@ -524,6 +524,7 @@ def test_plugin_disabled_on_broken_form_needs_attention(
     assert out["rc"] == 1
 
 
+@pytest.mark.sglang  # --load imports SGLang 0.5.23 and runs its load_plugins()
 def test_load_agrees_with_plain_audit_while_the_aiter_hook_is_pending(tmp_path: Path) -> None:
     """After the real load_plugins() the aiter hook waits for aiter.fused_moe to be
     imported (the normal state in a server until the first MoE layer is built): that

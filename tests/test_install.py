@@ -96,7 +96,8 @@ def _build(dist: Dist, out: Path) -> Path:
     entries = {
         **dist.files,
         f"{info}/METADATA": meta,
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests/test_install.py\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests/test_install.py\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = [f"{p},{_record_hash(t.encode())},{len(t.encode())}" for p, t in entries.items()]
     entries[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"

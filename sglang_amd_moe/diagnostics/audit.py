@@ -326,8 +326,9 @@ def _triton_clash() -> str:
     return (
         f"both triton {cuda} and pytorch-triton-rocm {rocm} are installed: they own the same "
         "triton/ files, so one overwrote the other. Uninstalling triton deletes those files too: "
-        f"run `python -m pip uninstall -y triton` and then `python -m pip install --force-reinstall "
-        f"--no-deps pytorch-triton-rocm=={rocm}` from the PyTorch ROCm index your torch came from"
+        "run `python -m pip uninstall -y triton` and then `python -m pip install "
+        f"--force-reinstall --no-deps pytorch-triton-rocm=={rocm}` from the PyTorch ROCm index "
+        "your torch came from"
     )
 
 
@@ -382,7 +383,8 @@ def _route(
         return Route(host, "off", f"{host} is not installed here")
     if not loader:  # SGLang 0.5.10 and 0.5.10.post1
         version = _distribution("sglang")[1] or "here"
-        why = f"SGLang {version} has no plugin loader (sglang.srt.plugins): the plugin cannot load here"
+        why = f"SGLang {version} has no plugin loader (sglang.srt.plugins): the plugin cannot load"
+        why += " here"
         return Route(host, "no loader", why)
     if ep is None:
         why = f"sglang-amd-moe's {host} entry point is not registered (is it installed here?)"
@@ -663,7 +665,8 @@ def _observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
             "load_plugins() ran but did not call sglang-amd-moe's register()",
         )
     if st.state == "off" and _platform_gate_closed():
-        why = "load_plugins() called the plugin, which hooks this on a ROCm machine (off here: see the note)"
+        why = "load_plugins() called the plugin, which hooks this on a ROCm machine"
+        why += " (off here: see the note)"
         return True, "not ROCm", why
     return False, st.state, st.message or f"the hook's state is {st.state}"
 
@@ -752,8 +755,8 @@ def platform_notes(reports: list[TargetReport], view: PluginView | None) -> list
     if rocm or _env.forced():
         return []
     return [
-        "torch here is not a ROCm build: the plugin stays off on this machine (SGLANG_AMD_MOE_FORCE=1 "
-        "forces it); the verdict is for a ROCm machine with this software"
+        "torch here is not a ROCm build: the plugin stays off on this machine "
+        "(SGLANG_AMD_MOE_FORCE=1 forces it); the verdict is for a ROCm machine with this software"
     ]
 
 
@@ -910,7 +913,8 @@ def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], 
     ]
     if given and args.load:
         raise AuditError(
-            "--load audits this environment; it cannot be combined with --sglang-source/--aiter-source"
+            "--load audits this environment; "
+            "it cannot be combined with --sglang-source/--aiter-source"
         )
     view: PluginView | None = None
     if given:
