@@ -164,7 +164,9 @@ M, N, K, E, SHIFT = 8, 5, 4, 16, 5
 gen = torch.Generator().manual_seed(7)
 real_ids = torch.randint(0, E, (N, K), generator=gen, dtype=torch.int32)
 real_w = torch.rand((N, K), generator=gen)
-pad_ids = torch.tensor([[9999, -1, 16, 123456], [-1, -1, -1, -1], [16, 17, 9999, -5]], dtype=torch.int32)
+pad_ids = torch.tensor(
+    [[9999, -1, 16, 123456], [-1, -1, -1, -1], [16, 17, 9999, -5]], dtype=torch.int32
+)
 logits = torch.randn((M, E), generator=gen)
 perm = (torch.arange(E, dtype=torch.int32) + SHIFT) % E
 
@@ -178,7 +180,8 @@ def call(info, config=None):
     out = tk._post_process_topk_ids(topk_ids=ids, topk_weights=w, topk_config=config or cfg(),
         router_logits=logits, layer_id=0, num_token_non_padded=torch.tensor([N], dtype=torch.int32),
         expert_location_dispatch_info=info)
-    return {"ids": out[0].tolist(), "w": [[None if x != x else x for x in r] for r in out[1].tolist()]}
+    w = [[None if x != x else x for x in r] for r in out[1].tolist()]
+    return {"ids": out[0].tolist(), "w": w}
 
 res = {"real_ids": real_ids.tolist(), "real_w": real_w.tolist(), "perm": perm.tolist()}
 res["off"] = call(None)
@@ -186,13 +189,17 @@ res["off"] = call(None)
 from sglang.srt.eplb import expert_location as el
 from sglang.srt.eplb.expert_location_dispatch import ExpertLocationDispatchInfo
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", enable_eplb=True, ep_dispatch_algorithm="static"))
+set_global_server_args_for_scheduler(
+    ServerArgs(model_path="dummy", enable_eplb=True, ep_dispatch_algorithm="static")
+)
 inv = torch.argsort(perm).to(torch.int32)
 all_phys = torch.full((1, E, E), -1, dtype=torch.int32)
 all_phys[0, :, 0] = perm
 fields = {f.name for f in dataclasses.fields(el.ExpertLocationMetadata)}
-kw = dict(physical_to_logical_map=inv[None, :].clone(), physical_to_logical_map_cpu=inv[None, :].clone(),
-          logical_to_all_physical_map=all_phys.clone(), logical_to_all_physical_map_cpu=all_phys.clone(),
+kw = dict(physical_to_logical_map=inv[None, :].clone(),
+          physical_to_logical_map_cpu=inv[None, :].clone(),
+          logical_to_all_physical_map=all_phys.clone(),
+          logical_to_all_physical_map_cpu=all_phys.clone(),
           logical_to_all_physical_map_num_valid=torch.ones((1, E), dtype=torch.int64), ep_size=1,
           logical_to_rank_dispatch_physical_map=perm[None, :].clone())
 meta = el.ExpertLocationMetadata(**{k: v for k, v in kw.items() if k in fields})
@@ -208,7 +215,9 @@ if "num_fused_shared_experts" in names:
     shared = tk.TopKConfig(top_k=K + 1, num_fused_shared_experts=1)
 else:
     from sglang.srt.configs.shared_experts import SharedExpertsConfig
-    shared = tk.TopKConfig(top_k=K + 1, shared_experts=SharedExpertsConfig(num_fused_shared_experts=1))
+    shared = tk.TopKConfig(
+        top_k=K + 1, shared_experts=SharedExpertsConfig(num_fused_shared_experts=1)
+    )
 tk._use_aiter = True
 res["append"] = call(None, shared)
 print("RESULT " + json.dumps(res))
