@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,11 @@ PY = sys.executable
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PY, "-m", "sglang_amd_moe", "audit", *args], capture_output=True, text=True, env=env, cwd=REPO,
+        [PY, "-m", "sglang_amd_moe", "audit", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
         timeout=300,
     )
 
@@ -59,7 +64,11 @@ def _numbered(n: int, tag: str = "line") -> list[str]:
 @settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(min_value=5, max_value=60),
-    edits=st.lists(st.tuples(st.integers(0, 59), st.sampled_from(["ins", "del", "rep"])), min_size=1, max_size=6),
+    edits=st.lists(
+        st.tuples(st.integers(0, 59), st.sampled_from(["ins", "del", "rep"])),
+        min_size=1,
+        max_size=6,
+    ),
     context=st.integers(min_value=1, max_value=3),
     shift=st.integers(min_value=0, max_value=7),
 )
@@ -89,7 +98,9 @@ def test_apply_roundtrip_and_offsets(n: int, edits: list, context: int, shift: i
         twice = True
     except patching.PatchError:
         twice = False
-    assert patching.status(new_text, diff) == (patching.APPLIES if twice else patching.ALREADY_APPLIED)
+    assert patching.status(new_text, diff) == (
+        patching.APPLIES if twice else patching.ALREADY_APPLIED
+    )
     # Lines added above the hunks: found at an offset, as `patch` does.
     pre = "\n".join(_numbered(shift, "header")) + "\n" if shift else ""
     assert patching.apply_text(pre + old_text, diff) == pre + new_text
@@ -130,7 +141,9 @@ def test_source_mode_per_release(label: str, release_files: dict[str, Path]) -> 
     (t,) = doc["targets"]
     assert list(t)[: len(audit.JSON_KEYS)] == list(audit.JSON_KEYS)
     assert t["target"] == "sglang" and t["form"] == rel.expected_form
-    assert t["hook_live"] is None and t["version"] is None and t["file"] == str(release_files[label])
+    assert (
+        t["hook_live"] is None and t["version"] is None and t["file"] == str(release_files[label])
+    )
     if rel.expected_form == "fixed":
         assert proc.returncode == 0 and t["patch"] is None
     else:
@@ -138,19 +151,59 @@ def test_source_mode_per_release(label: str, release_files: dict[str, Path]) -> 
         assert proc.returncode == 1
         assert t["patch"] == patching.patch_for("sglang", rel.expected_form)
         assert t["patch_status"] == patching.APPLIES
+        # What an image patcher needs: the patch's path and the command that applies it.
+        assert (
+            t["patch_file"] == patching.patch_path(t["patch"]) and Path(t["patch_file"]).is_file()
+        )
+        assert t["apply_command"] == patching.apply_command(str(release_files[label]), t["patch"])
+        lines = run_cli("--sglang-source", str(release_files[label])).stdout.splitlines()
+        assert any(ln.endswith(f"patch: {t['patch_file']} (applies)") for ln in lines)
+        # The table prints the command on two lines that paste as one shell command.
+        at = lines.index("        to patch the file instead:")
+        assert " ".join(ln.strip() for ln in lines[at + 1 : at + 3]) == t["apply_command"]
 
 
-@pytest.mark.parametrize("label", [r.label for r in releases.RELEASES if r.ci and r.expected_form != "fixed"])
-def test_patched_file_audits_clean(label: str, release_files: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "label", [r.label for r in releases.RELEASES if r.ci and r.expected_form != "fixed"]
+)
+def test_patched_file_is_named_as_patched(
+    label: str, release_files: dict[str, Path], tmp_path: Path
+) -> None:
     rel = releases.BY_LABEL[label]
     name = patching.patch_for("sglang", rel.expected_form)
     fixed = tmp_path / "topk.py"
-    fixed.write_text(patching.apply_text(release_files[label].read_text(), patching.read_patch(name)))
+    fixed.write_text(
+        patching.apply_text(release_files[label].read_text(), patching.read_patch(name))
+    )
     proc = run_cli("--json", "--sglang-source", str(fixed))
     (t,) = json.loads(proc.stdout)["targets"]
-    assert proc.returncode == 0 and t["form"] == "fixed"
+    assert proc.returncode == 0 and t["form"] == "fixed" and not t["needs_attention"]
+    # A patched image is told apart from a fixed release, and the patch is named.
+    assert t["patch"] == name and t["patch_status"] == patching.ALREADY_APPLIED
+    assert t["reason"] == f"patched: {name} is applied to this file" and t["apply_command"] is None
     diff = run_cli("--diff", "--sglang-source", str(fixed))
-    assert "already in its fixed form" in diff.stdout
+    assert f"already patched ({name})" in diff.stdout
+
+
+def test_fixed_releases_are_not_read_as_patched(
+    release_files: dict[str, Path], tmp_path: Path
+) -> None:
+    """0.5.14 holds exactly the code the mask-under-eplb-guard patch adds (upstream PR
+    28378), and the patches add the rest of 0.5.14's HIP branch: only the line each patch
+    adds to name itself tells a patched file from a fixed release."""
+    guard = releases.BY_LABEL["0.5.14-mask-under-eplb-guard"]
+    v0514 = tmp_path / "0.5.14.py"
+    v0514.write_text(
+        patching.apply_text(
+            release_files[guard.label].read_text(), (REPO / guard.patch).read_text(), reverse=True
+        )
+    )
+    for path in (v0514, release_files[releases.MAIN_RELEASE]):
+        proc = run_cli("--json", "--sglang-source", str(path))
+        (t,) = json.loads(proc.stdout)["targets"]
+        assert proc.returncode == 0 and t["form"] == "fixed", path
+        assert t["patch"] is None and t["patch_status"] is None
+        assert t["reason"].startswith("fixed upstream"), t["reason"]
 
 
 def test_diff_shows_the_fix(release_files: dict[str, Path]) -> None:
@@ -158,27 +211,43 @@ def test_diff_shows_the_fix(release_files: dict[str, Path]) -> None:
     assert proc.returncode == 1
     diff = proc.stdout[proc.stdout.index("--- installed:") :]
     assert "+++ fixed: after sglang-no-hip-handling.diff" in diff
-    assert "+        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)" in diff
+    assert (
+        "+        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)"
+        in diff
+    )
     assert "+        if _eplb_remap_enabled():" in diff
     # Only the function is diffed (the helpers the patch adds elsewhere are not).
     assert "def _eplb_remap_enabled" not in diff
-    guard = run_cli("--diff", "--json", "--sglang-source", str(release_files["0.5.14-mask-under-eplb-guard"]))
+    guard = run_cli(
+        "--diff", "--json", "--sglang-source", str(release_files["0.5.14-mask-under-eplb-guard"])
+    )
     d = json.loads(guard.stdout)["diff"]["sglang"]
-    assert "+        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)" in d
-    assert "-            _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)" in d
+    assert (
+        "+        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)" in d
+    )
+    assert (
+        "-            _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)"
+        in d
+    )
 
 
 def test_drifted_file_needs_attention(release_files: dict[str, Path], tmp_path: Path) -> None:
     src = release_files["0.5.12.post1"].read_text()
     # A local edit where the patch anchors (the shared-expert append) but not in the HIP
     # logic: still the no-hip-handling form, and the patch no longer fits.
-    edited = src.replace("        M, N = router_logits.shape\n", "        M, N = router_logits.shape  # local\n", 1)
+    edited = src.replace(
+        "        M, N = router_logits.shape\n", "        M, N = router_logits.shape  # local\n", 1
+    )
     assert edited != src
     p = tmp_path / "topk.py"
     p.write_text(edited)
     proc = run_cli("--json", "--sglang-source", str(p))
     (t,) = json.loads(proc.stdout)["targets"]
-    assert t["form"] == "no-hip-handling" and t["patch_status"] == patching.DRIFT and proc.returncode == 1
+    assert (
+        t["form"] == "no-hip-handling"
+        and t["patch_status"] == patching.DRIFT
+        and proc.returncode == 1
+    )
     text = run_cli("--sglang-source", str(p))
     assert "does not apply (drift)" in text.stdout
 
@@ -222,6 +291,152 @@ def test_errors_exit_2(tmp_path: Path) -> None:
     assert helped.returncode == 0 and "--sglang-source" in helped.stdout
 
 
+def _refused(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("sglang-amd-moe audit: error: "), proc.stderr
+    for w in words:
+        assert w in proc.stderr, (w, proc.stderr)
+
+
+def test_given_file_must_be_the_targets_own(release_files: dict[str, Path], tmp_path: Path) -> None:
+    """A wrong path must never read as OK: the file must be the target's own."""
+    topk = str(release_files["0.5.12.post1"])
+    _refused(run_cli("--aiter-source", topk), "is not aiter's aiter/fused_moe.py")
+    _refused(
+        run_cli("--sglang-source", str(STANDIN_DROPPED)),
+        "is not SGLang's sglang/srt/layers/moe/topk.py",
+    )
+    _refused(run_cli("--sglang-source", str(REPO / "README.md")), "does not parse as Python")
+    init = tmp_path / "__init__.py"
+    init.write_text("from .topk import *\n")
+    _refused(run_cli("--sglang-source", str(init)), "defines none of")
+    empty = tmp_path / "empty.py"
+    empty.write_text("")
+    _refused(run_cli("--sglang-source", str(empty)), "defines none of")
+    # The same with both targets at once: one wrong file is an error for the whole run.
+    _refused(run_cli("--sglang-source", topk, "--aiter-source", topk), "is not aiter's")
+
+
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    """Devices, pipes and directories are refused before anything is read (a FIFO must
+    not hang the audit, /dev/zero must not be read until memory runs out)."""
+    fifo = tmp_path / "topk.py"
+    os.mkfifo(fifo)
+    for path, kind in (
+        ("/dev/null", "a character device"),
+        ("/dev/zero", "a character device"),
+        (str(fifo), "a FIFO or pipe"),
+        (str(tmp_path), "a directory"),
+    ):
+        _refused(run_cli("--sglang-source", path), "is not a regular file", kind)
+        _refused(run_cli("--aiter-source", path), "is not a regular file", kind)
+    with open(os.devnull) as devnull:  # /dev/stdin of a process whose stdin is /dev/null
+        proc = subprocess.run(
+            [PY, "-m", "sglang_amd_moe", "audit", "--sglang-source", "/dev/stdin"],
+            stdin=devnull,
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
+    _refused(proc, "is not a regular file")
+    big = tmp_path / "big.py"
+    with open(big, "wb") as f:
+        f.truncate(audit.MAX_SOURCE_BYTES + 1)  # sparse: nothing written
+    _refused(run_cli("--sglang-source", str(big)), f"limit {audit.MAX_SOURCE_BYTES}")
+
+
+def _audit_proc(args: list[str], **kw: object) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PY, "-m", "sglang_amd_moe", "audit", *args],
+        capture_output=False,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("args", [[], ["--json"]])
+def test_unwritable_report_exits_2(
+    args: list[str], release_files: dict[str, Path], tmp_path: Path
+) -> None:
+    """A report that cannot be written is the audit's failure (2), never the verdict (0/1)."""
+    source = ["--sglang-source", str(release_files[releases.MAIN_RELEASE])]  # a verdict of 0
+    # A reader that went away (`audit --json | head -c0`): EPIPE on the first write.
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        broken = _audit_proc([*args, *source], stdout=w, stderr=subprocess.PIPE)
+    finally:
+        os.close(w)
+    # stdout closed (`audit >&-`) and stdout not writable (`audit 1</dev/null`).
+    closed = _audit_proc(
+        [*args, *source],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: os.close(1),
+    )
+    with open(os.devnull) as read_only:
+        unwritable = _audit_proc([*args, *source], stdout=read_only, stderr=subprocess.PIPE)
+    for proc in (broken, closed, unwritable):
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, (
+            proc.stderr
+        )
+        assert "error: cannot write to stdout: " in proc.stderr, proc.stderr
+
+
+def test_ascii_locale_keeps_the_report(release_files: dict[str, Path], tmp_path: Path) -> None:
+    """A non-ASCII path on an ASCII-only stdout is printed escaped; the status is the verdict."""
+    d = tmp_path / "t\u00f8pk"
+    d.mkdir()
+    path = d / "topk.py"
+    path.write_text(release_files["0.5.13.post1"].read_text())
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    proc = run_cli("--sglang-source", str(path), env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert (
+        "t\\xf8pk" in proc.stdout and "ATTENTION: 1 target(s) need action (exit 1)" in proc.stdout
+    )
+    doc = run_cli("--json", "--sglang-source", str(path), env=env)
+    assert doc.returncode == 1 and json.loads(doc.stdout)["targets"][0]["file"] == str(path)
+
+
+def test_cli_conventions() -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [PY, "-m", "sglang_amd_moe", *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
+
+    from sglang_amd_moe import __version__
+
+    version = cli("--version")
+    assert version.returncode == 0 and version.stdout == f"sglang-amd-moe {__version__}\n"
+    helped = cli("--help")
+    assert (
+        helped.returncode == 0
+        and "sglang-amd-moe COMMAND --help" in helped.stdout
+        and not helped.stderr
+    )
+    assert all(name in helped.stdout for name in ("audit", "check", "demo", "SGLANG_AMD_MOE_FORCE"))
+    for args in ((), ("bogus",), ("audit", "--bogus")):
+        proc = cli(*args)
+        assert proc.returncode == 2 and proc.stdout == "" and "usage:" in proc.stderr, args
+        assert "Traceback" not in proc.stderr
+    audit_help = cli("audit", "--help")
+    assert (
+        audit_help.returncode == 0
+        and "exit status:" in audit_help.stdout
+        and "HOOK column" in audit_help.stdout
+    )
+
+
 # --------------------------------------------------------------------------- this environment
 
 
@@ -246,27 +461,37 @@ def test_main_env_is_fixed_release() -> None:
     assert next(t for t in doc["targets"] if t["target"] == "aiter")["form"] == "not installed"
 
 
-def _with_standin(tmp: Path, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _with_standin(
+    tmp: Path, extra_env: dict[str, str] | None = None, args: tuple[str, ...] = ("--json",)
+) -> subprocess.CompletedProcess:
     """The audit with aiter on the path: the stand-in's files laid out as the real package
     lays them out (``aiter/__init__.py`` next to ``aiter/fused_moe.py``), with the stand-in
     set to fail on import the way real aiter does off ROCm, so any import would show."""
-    import os
-
     pkg = tmp / "site" / "aiter"
     if not pkg.exists():
         pkg.mkdir(parents=True)
         (pkg / "__init__.py").symlink_to(STANDIN / "aiter" / "__init__.py")
         (pkg / "fused_moe.py").symlink_to(STANDIN_DROPPED)
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_AMD_MOE_DISABLE", "SGLANG_PLUGINS")}
-    env.update(PYTHONPATH=str(pkg.parent), SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE="no-rocm", **(extra_env or {}))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SGLANG_AMD_MOE_DISABLE", "SGLANG_AMD_MOE_FORCE", "SGLANG_PLUGINS")
+    }
+    env.update(
+        PYTHONPATH=str(pkg.parent),
+        SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE="no-rocm",
+        **(extra_env or {}),
+    )
     code = (
         "import json, sys\n"
         "from sglang_amd_moe.diagnostics import audit\n"
-        "rc, reps, view = audit.run(['--json'])\n"
+        f"rc, reps, view = audit.run({list(args)!r})\n"
         "print(json.dumps({'rc': rc, 'aiter_imported': 'aiter' in sys.modules,\n"
         "  't': [r.to_json() for r in reps]}))\n"
     )
-    return subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    return subprocess.run(
+        [PY, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=300
+    )
 
 
 def test_aiter_found_without_importing_it(tmp_path: Path) -> None:
@@ -284,10 +509,83 @@ def test_aiter_found_without_importing_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("env", "why"),
-    [({"SGLANG_AMD_MOE_DISABLE": "1"}, "SGLANG_AMD_MOE_DISABLE"), ({"SGLANG_PLUGINS": "someone_else"}, "SGLANG_PLUGINS")],
+    [
+        ({"SGLANG_AMD_MOE_DISABLE": "1"}, "SGLANG_AMD_MOE_DISABLE"),
+        ({"SGLANG_PLUGINS": "someone_else"}, "SGLANG_PLUGINS"),
+    ],
 )
-def test_plugin_disabled_on_broken_form_needs_attention(env: dict[str, str], why: str, tmp_path: Path) -> None:
+def test_plugin_disabled_on_broken_form_needs_attention(
+    env: dict[str, str], why: str, tmp_path: Path
+) -> None:
     out = json.loads(_with_standin(tmp_path, env).stdout)
     t = next(t for t in out["t"] if t["target"] == "aiter")
     assert t["covered"] is False and t["needs_attention"] is True and why in t["reason"]
     assert out["rc"] == 1
+
+
+@pytest.mark.sglang  # --load imports SGLang 0.5.23 and runs its load_plugins()
+def test_load_agrees_with_plain_audit_while_the_aiter_hook_is_pending(tmp_path: Path) -> None:
+    """After the real load_plugins() the aiter hook waits for aiter.fused_moe to be
+    imported (the normal state in a server until the first MoE layer is built): that
+    covers the form, and the patch drift plain mode reports is reported the same way."""
+    plain = json.loads(_with_standin(tmp_path).stdout)
+    loaded = json.loads(_with_standin(tmp_path, args=("--json", "--load")).stdout)
+    assert loaded["aiter_imported"] is False
+    a_plain, a_load = (
+        next(t for t in out["t"] if t["target"] == "aiter") for out in (plain, loaded)
+    )
+    assert (
+        a_load["hook"] == "pending"
+        and a_load["hook_state"] == "pending"
+        and a_load["covered"] is True
+    )
+    assert "waiting for aiter.fused_moe to be imported" in a_load["reason"]
+    for key in ("form", "covered", "needs_attention", "patch", "patch_status"):
+        assert a_plain[key] == a_load[key], key
+    assert a_load["patch_status"] == patching.DRIFT and "drift" in a_load["reason"]
+    assert plain["rc"] == loaded["rc"] == 1
+
+
+@pytest.mark.parametrize(
+    ("state", "env", "covered", "hook"),
+    [
+        ("live", {}, True, "live"),
+        ("pending", {}, True, "pending"),
+        ("off", {}, True, "not ROCm"),  # off only because torch here is not ROCm
+        ("off", {"SGLANG_AMD_MOE_FORCE": "1"}, False, "off"),  # off for another reason
+        ("off", {"SGLANG_AMD_MOE_DISABLE": "1"}, False, "off"),
+        ("refused", {}, False, "refused"),
+        ("error", {}, False, "error"),
+        ("not-needed", {}, False, "not-needed"),
+        (None, {}, False, "not called"),
+    ],
+)
+def test_verdict_from_hook_status_after_load(
+    state: str | None,
+    env: dict[str, str],
+    covered: bool,
+    hook: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What --load concludes from each HookStatus a hook can report, for a broken form in
+    this environment (SGLang 0.5.23 has the loader; this package's entry point is here)."""
+    from sglang_amd_moe.runtime.hookstate import HookStatus
+
+    for var in ("SGLANG_AMD_MOE_FORCE", "SGLANG_AMD_MOE_DISABLE", "SGLANG_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    view = audit._plugin_view()
+    assert view.sglang_loader and view.sglang_ep is not None and audit._torch_is_rocm() is False
+    view.loaded = True
+    rep = audit._not_installed(audit.SGLANG)
+    rep.installed, rep.form, rep.file = True, "weights-only", "topk.py"
+    rep.status = (
+        None if state is None else HookStatus("sglang", state, "weights-only", f"hook says {state}")
+    )
+    v = audit._verdict(rep, view)
+    assert (v.covered, v.hook, v.attention) == (covered, hook, not covered), v.reason
+    if state in ("refused", "error", "not-needed") or env.get("SGLANG_AMD_MOE_FORCE"):
+        assert v.reason.endswith(f"hook says {state}")
+    if env.get("SGLANG_AMD_MOE_DISABLE"):
+        assert "plugin disabled: SGLANG_AMD_MOE_DISABLE is set" in v.reason

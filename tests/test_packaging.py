@@ -5,6 +5,7 @@ package of that name that SGLang depends on)."""
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,9 +14,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _built_wheel(tmp_path: Path) -> Path:
+def built_wheel(tmp_path: Path) -> Path:
+    """Build this package's wheel into ``tmp_path`` (as users do: ``pip wheel``), from a
+    copy of the tracked files: setuptools reuses a ``build/`` folder left in the source
+    tree, so stale modules there would end up in the wheel of a fresh clone's test."""
+    src = tmp_path / "src"
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.decode()
+    for rel in filter(None, tracked.split("\0")):
+        if (REPO / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(src)],
         check=True,
         timeout=600,
     )
@@ -26,7 +38,7 @@ def _built_wheel(tmp_path: Path) -> Path:
 
 
 def test_wheel_layout(tmp_path: Path) -> None:
-    wheel = zipfile.ZipFile(_built_wheel(tmp_path))
+    wheel = zipfile.ZipFile(built_wheel(tmp_path))
     names = wheel.namelist()
     top_levels = {n.split("/", 1)[0] for n in names}
     assert {t for t in top_levels if not t.endswith(".dist-info")} == {"sglang_amd_moe"}
@@ -56,6 +68,22 @@ def test_wheel_layout(tmp_path: Path) -> None:
     assert "[sglang.srt.plugins]" in entry_points
     assert "sglang_amd_moe = sglang_amd_moe.runtime.plugin:register" in entry_points
     assert "[vllm.general_plugins]" in entry_points
+
+    # Only torch is declared (see pyproject.toml and tests/test_install.py), and the
+    # license pyproject declares ships with it.
+    metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [
+        ln.split(":", 1)[1].strip()
+        for ln in metadata.splitlines()
+        if ln.startswith("Requires-Dist:")
+    ]
+    assert [r for r in requires if "extra ==" not in r] == ["torch"], requires
+    assert "License-Expression: Apache-2.0" in metadata
+    license_file = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
+    assert wheel.read(license_file) == (REPO / "LICENSE").read_bytes()
+    assert b"Apache License\n                           Version 2.0, January 2004" in wheel.read(
+        license_file
+    )
 
 
 def test_editable_install_maps_kernels_and_patches() -> None:

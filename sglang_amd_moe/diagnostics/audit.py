@@ -4,53 +4,67 @@ Users must be able to see, before they trust the plugin, what it finds and what 
 would change. For each target (SGLang's ``_post_process_topk_ids``; aiter's MXFP4 aux
 sort path) the audit reports the distribution and version, the file and the sha256 of
 the target's source, the form (``sglang_forms`` / ``aiter_forms``), the action the
-plugin takes for it, whether the hook is live in this process, and the matching patch
-from ``sglang_amd_moe.patches`` with whether it applies, is already applied, or does
-not apply (drift).
+plugin takes for it here, the hook's state, and the matching patch from
+``sglang_amd_moe.patches`` with whether it applies, is applied, or does not apply
+(drift), and the command that applies it.
 
-It reads source files and never imports SGLang or aiter to classify them (files are
-found with ``importlib.util.find_spec`` on the top-level package, which does not run
-it), so it works without ROCm and without aiter. Only ``--load`` imports SGLang, to run
-its real ``sglang.srt.plugins.load_plugins()`` and ask the hooks whether they are live.
+It reads source files (regular files only, at most :data:`MAX_SOURCE_BYTES`) and never
+imports SGLang or aiter to classify them (files are found with
+``importlib.util.find_spec`` on the top-level package, which does not run it), so it
+works without ROCm, without aiter and without torch. Only ``--load`` imports SGLang, to
+run its real ``sglang.srt.plugins.load_plugins()`` and read each hook's ``status()``
+(a :class:`~sglang_amd_moe.runtime.hookstate.HookStatus`).
 
-Exit status: 0 when nothing needs action, 1 when something needs attention, 2 on
-error. A broken form (one the plugin hooks) needs no action when it is *covered*:
+Exit status: 0 when the audit found its targets and nothing needs action, 1 when
+something needs attention, 2 when the audit itself failed (a file it cannot read or
+that is not the target's file, ``load_plugins()`` raising, a report it cannot print).
 
-* with ``--load``: the hook is live in this process after ``load_plugins()``;
-* without it: the plugin would hook it when SGLang (or vLLM, for aiter) loads plugins:
-  the release has a plugin loader, this package's entry point is registered, and
-  neither ``SGLANG_AMD_MOE_DISABLE=1`` nor an ``SGLANG_PLUGINS`` list without it turns
-  it off. The platform is not part of this: the plugin hooks only on ROCm (or with
-  ``SGLANG_AMD_MOE_FORCE=1``), and the HIP path it fixes only runs there, so the
-  verdict is what the installed software does on the AMD machine it is for (a note
-  says when this machine is not one).
+Per target, in this order (:func:`_verdict`):
 
-Needs attention: an ``unknown`` form, a broken form that is not covered (no plugin
-loader, as in SGLang 0.5.10; plugin disabled; ``--load`` found no live hook), a
-matching patch that no longer applies (drift), or a file given with ``--*-source``
-that has a broken form (the audit cannot see that image's plugin). A file that one of
-our patches was applied to needs nothing, whatever the classifier calls it.
+* not installed: SGLang missing from this interpreter needs attention (the audit ran in
+  the wrong environment), unless vLLM and aiter are here (ATOM under vLLM); aiter
+  missing needs nothing.
+* a shipped patch is applied to the file: nothing needed (it says which patch).
+* a broken form (one the plugin hooks): covered, or not (:func:`_coverage`). Without
+  ``--load`` it is covered when the plugin would hook it when SGLang (or vLLM, for
+  aiter) loads plugins: a plugin loader, this package's entry point, and neither
+  ``SGLANG_AMD_MOE_DISABLE=1`` nor a plugin list without it. With ``--load`` the
+  SGLang route is what the hook's status says (``live`` and ``pending`` cover). The
+  platform is not part of the verdict in either mode: the plugin hooks only on ROCm
+  (or with ``SGLANG_AMD_MOE_FORCE=1``), and the HIP path it fixes only runs there, so
+  the verdict is what this software does on the AMD machine it is for (a note says
+  when this machine is not one). A file given with ``--*-source`` is never covered:
+  that image's plugin cannot be seen from here.
+* any other form: upstream-fixed forms need nothing; ``unknown`` and SGLang's
+  ``absent`` need attention.
+
+Drift (the form's patch no longer applies) needs attention whatever the above says.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import difflib
 import importlib.metadata as md
 import importlib.util
 import json
 import os
+import stat
 import sys
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics.cli import OutputError, write_stdout
 from sglang_amd_moe.runtime import aiter_forms, sglang_forms
 from sglang_amd_moe.runtime import env as _env
+from sglang_amd_moe.runtime.hookstate import HookStatus
 
-#: Keys every target has in ``--json`` output (more may follow them).
+#: Keys every target has in ``--json`` output, first and in this order (more follow).
 JSON_KEYS = (
     "target",
     "distribution",
@@ -66,13 +80,23 @@ JSON_KEYS = (
 
 SGLANG = "sglang"
 AITER = "aiter"
-_HOOK_MODULES = {SGLANG: "sglang_amd_moe.runtime.sglang_hook", AITER: "sglang_amd_moe.runtime.aiter_hook"}
+_HOOK_MODULES = {
+    SGLANG: "sglang_amd_moe.runtime.sglang_hook",
+    AITER: "sglang_amd_moe.runtime.aiter_hook",
+}
 SGLANG_REL = Path("srt/layers/moe/topk.py")
 AITER_REL = Path("fused_moe.py")
 OUR_SGLANG_EP = "sglang_amd_moe.runtime.plugin:register"
 OUR_VLLM_EP = "sglang_amd_moe.runtime.plugin:register_vllm"
-#: Forms that need nothing from anyone.
-GOOD_FORMS = {"fixed", "count-honored", "absent"}
+#: The largest source file the audit reads (SGLang's topk.py is about 130 kB).
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
+
+#: Forms that need nothing from anyone, and why.
+GOOD_FORMS: dict[tuple[str, str], str] = {
+    (SGLANG, "fixed"): "fixed upstream: the HIP branch masks padded ids",
+    (AITER, "count-honored"): "aiter already honours num_local_tokens",
+    (AITER, "absent"): "this aiter has no MXFP4 aux sort",
+}
 #: Forms the plugin hooks to fix (``unknown`` only gets a guard and always needs attention).
 BROKEN_FORMS = {
     "no-hip-handling",
@@ -81,10 +105,17 @@ BROKEN_FORMS = {
     "count-dropped",
     "count-rejected",
 }
+#: What makes a file the target's own, for files given with ``--*-source``: it defines
+#: at least one of these at module level (every release does).
+_OWN_NAMES = {
+    SGLANG: frozenset({"fused_topk", "select_experts", "TopK", sglang_forms.FUNCTION_NAME}),
+    AITER: frozenset({"fused_moe", "moe_sorting"}),
+}
+_OWN_FILE = {SGLANG: "SGLang's sglang/srt/layers/moe/topk.py", AITER: "aiter's aiter/fused_moe.py"}
 
 
 class AuditError(Exception):
-    """Something the audit cannot work around (unreadable file, failed import for --load)."""
+    """Something the audit cannot work around (unreadable file, failed ``load_plugins()``)."""
 
 
 @dataclass
@@ -103,15 +134,105 @@ class TargetReport:
     covered: bool = False
     needs_attention: bool = False
     reason: str = ""
-    hook: str = "-"  # short hook state for the table
+    hook: str = "-"  # the HOOK cell of the table
+    hook_state: str | None = None  # HookStatus.state after --load (None: not asked)
+    patch_file: str | None = None
+    apply_command: str | None = None
     notes: list[str] = field(default_factory=list)
     installed: bool = True
+    # Not in the JSON document.
     source: str = field(default="", repr=False)
+    status: HookStatus | None = field(default=None, repr=False)
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        d.pop("source")
+        d = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("source", "status")
+        }
+        d["notes"] = list(self.notes)
         return {**{k: d.pop(k) for k in JSON_KEYS}, **d}
+
+
+# ------------------------------------------------------------------------ reading
+
+
+def read_source(path: Path) -> str:
+    """Text of the regular file ``path``; raises :class:`AuditError` for anything else.
+
+    Opened non-blocking (a FIFO must not hang the audit) and checked to be a regular file
+    of at most :data:`MAX_SOURCE_BYTES` before anything is read (``/dev/zero`` must not be
+    read until memory runs out).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise AuditError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _file_kind(st.st_mode)
+            raise AuditError(f"{path} is not a regular file ({kind}): give the source file itself")
+        if st.st_size > MAX_SOURCE_BYTES:
+            raise AuditError(
+                f"{path} is {st.st_size} bytes, more than a source file of this kind "
+                f"(limit {MAX_SOURCE_BYTES})"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_SOURCE_BYTES:
+            chunk = os.read(fd, MAX_SOURCE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise AuditError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SOURCE_BYTES:
+        raise AuditError(f"{path} grew past {MAX_SOURCE_BYTES} bytes while being read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise AuditError(f"{path} is not UTF-8 Python source ({exc.reason})") from exc
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO or pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "not a plain file"
+
+
+def _not_own_file(target: str, source: str) -> str:
+    """Why ``source`` is not the target's file ("" when its top-level names say it is)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return f"it does not parse as Python ({exc.msg}, line {exc.lineno})"
+    defined = {
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
+    if defined & _OWN_NAMES[target]:
+        return ""
+    return f"it defines none of {', '.join(sorted(_OWN_NAMES[target]))}"
+
+
+def _text_or_none(path: Path) -> str | None:
+    try:
+        return read_source(path)
+    except AuditError:
+        return None
 
 
 # ------------------------------------------------------------------------ locating
@@ -126,6 +247,8 @@ def _find_package_dir(name: str) -> Path | None:
     if spec is None:
         return None
     locs = list(spec.submodule_search_locations or [])
+    if spec.origin in (None, "namespace") and locs:
+        return None  # a bare directory on sys.path, not an installed package
     if locs:
         return Path(locs[0])
     if spec.origin and spec.origin not in ("built-in", "frozen"):
@@ -147,18 +270,6 @@ def _distribution(top: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise AuditError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise AuditError(f"{path} is not UTF-8 Python source ({exc.reason})") from exc
-
-
-# ------------------------------------------------------------------------ plugin state
-
-
 def _our_entry_point(group: str, value: str) -> md.EntryPoint | None:
     try:
         eps = md.entry_points(group=group)
@@ -170,36 +281,15 @@ def _our_entry_point(group: str, value: str) -> md.EntryPoint | None:
     return None
 
 
-def _disabled_by_env(ep_name: str) -> str:
-    """Why the environment keeps the plugin from running ("" when it does not)."""
-    if _env.disabled():
-        return "SGLANG_AMD_MOE_DISABLE is set"
-    allowed = os.environ.get("SGLANG_PLUGINS", "")
-    names = {x.strip() for x in allowed.split(",") if x.strip()}
-    if names and ep_name not in names:
-        return f"SGLANG_PLUGINS={allowed} does not list {ep_name}"
-    return ""
-
-
-def _sglang_has_loader(sglang_dir: Path | None) -> bool:
-    """SGLang 0.5.11+ ships ``sglang/srt/plugins`` with ``load_plugins``; 0.5.10 does not."""
-    if sglang_dir is None:
-        return False
-    init = sglang_dir / "srt" / "plugins" / "__init__.py"
-    try:
-        return "def load_plugins" in init.read_text(encoding="utf-8")
-    except OSError:
-        return False
-
-
-def _on_rocm() -> bool | None:
-    """Whether torch here is a ROCm build, without importing torch (None: no torch)."""
+def _torch_is_rocm() -> bool | None:
+    """Whether torch here is a ROCm build (None: no torch). Imports nothing: an imported
+    torch is asked, otherwise its ``version.py`` is read."""
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "version", None) is not None:
+        return bool(getattr(torch.version, "hip", None))
     torch_dir = _find_package_dir("torch")
-    if torch_dir is None:
-        return None
-    try:
-        text = (torch_dir / "version.py").read_text(encoding="utf-8")
-    except OSError:
+    text = _text_or_none(torch_dir / "version.py") if torch_dir is not None else None
+    if text is None:
         return None
     for line in text.splitlines():
         if line.startswith("hip") and "=" in line:
@@ -207,81 +297,192 @@ def _on_rocm() -> bool | None:
     return False
 
 
+# ------------------------------------------------------------------------ plugin routes
+
+
 @dataclass
 class PluginView:
-    """What this environment's plugin machinery would do (decided without importing SGLang)."""
+    """This environment's plugin machinery (decided without importing SGLang)."""
 
     sglang_dir: Path | None
+    aiter_dir: Path | None
     sglang_loader: bool
     sglang_ep: md.EntryPoint | None
     vllm_installed: bool
     vllm_ep: md.EntryPoint | None
     loaded: bool = False  # --load ran load_plugins() in this process
-    load_error: str = ""
+    #: Problems of the environment itself (each needs attention).
+    problems: list[str] = field(default_factory=list)
 
 
-def _plugin_view(sglang_dir: Path | None) -> PluginView:
-    return PluginView(
-        sglang_dir=sglang_dir,
-        sglang_loader=_sglang_has_loader(sglang_dir),
-        sglang_ep=_our_entry_point("sglang.srt.plugins", OUR_SGLANG_EP),
-        vllm_installed=_find_package_dir("vllm") is not None,
-        vllm_ep=_our_entry_point("vllm.general_plugins", OUR_VLLM_EP),
+def _triton_clash() -> str:
+    """Both ``triton`` and ``pytorch-triton-rocm`` installed: two distributions own the
+    same ``triton/`` files, so one overwrote the other (what installing a package that
+    requires ``triton`` into a ROCm image does)."""
+    try:
+        rocm, cuda = md.version("pytorch-triton-rocm"), md.version("triton")
+    except Exception:  # PackageNotFoundError: not both (the usual case)
+        return ""
+    return (
+        f"both triton {cuda} and pytorch-triton-rocm {rocm} are installed: they own the same "
+        "triton/ files, so one overwrote the other. Uninstalling triton deletes those files too: "
+        "run `python -m pip uninstall -y triton` and then `python -m pip install "
+        f"--force-reinstall --no-deps pytorch-triton-rocm=={rocm}` from the PyTorch ROCm index "
+        "your torch came from"
     )
 
 
-def _hook_live(target: str) -> bool:
-    """Ask the hook module whether its hook is in place in this process (False if absent)."""
-    try:
-        mod = importlib.import_module(_HOOK_MODULES[target])
-        return bool(mod.is_live())
-    except Exception:
-        return False
+def _plugin_view() -> PluginView:
+    sglang_dir = _find_package_dir("sglang")
+    init = _text_or_none(sglang_dir / "srt" / "plugins" / "__init__.py") if sglang_dir else None
+    return PluginView(
+        sglang_dir=sglang_dir,
+        aiter_dir=_find_package_dir("aiter"),
+        # SGLang 0.5.11+ ships sglang/srt/plugins with load_plugins; 0.5.10 does not.
+        sglang_loader=init is not None and "def load_plugins" in init,
+        sglang_ep=_our_entry_point("sglang.srt.plugins", OUR_SGLANG_EP),
+        vllm_installed=_find_package_dir("vllm") is not None,
+        vllm_ep=_our_entry_point("vllm.general_plugins", OUR_VLLM_EP),
+        problems=[p for p in (_triton_clash(),) if p],
+    )
 
 
-def _hook_message(target: str) -> str:
-    mod = sys.modules.get(_HOOK_MODULES[target])
-    status = getattr(mod, "status", None) if mod is not None else None
-    try:
-        st = status() if callable(status) else None
-    except Exception:
-        st = None
-    return str(getattr(st, "message", "") or "")
+@dataclass(frozen=True)
+class Route:
+    """One host that can load the plugin (SGLang, or vLLM for aiter), and what blocks it."""
+
+    host: str
+    #: The HOOK cell when blocked ("" when the plugin loads through this host).
+    cell: str = ""
+    why: str = ""
+
+
+def _disabled_by_env(list_var: str, ep_name: str) -> str:
+    """Why the environment keeps the plugin from running ("" when it does not)."""
+    if _env.disabled():
+        return "SGLANG_AMD_MOE_DISABLE is set"
+    allowed = os.environ.get(list_var, "")
+    names = {x.strip() for x in allowed.split(",") if x.strip()}
+    if names and ep_name not in names:
+        return f"{list_var}={allowed} does not list {ep_name}"
+    return ""
+
+
+def _routes(target: str, view: PluginView) -> list[Route]:
+    sglang = view.sglang_dir is not None
+    routes = [_route("SGLang", sglang, view.sglang_loader, view.sglang_ep, "SGLANG_PLUGINS")]
+    if target == AITER:  # vLLM loads general plugins in every release
+        routes.append(_route("vLLM", view.vllm_installed, True, view.vllm_ep, "VLLM_PLUGINS"))
+    return routes
+
+
+def _route(
+    host: str, installed: bool, loader: bool, ep: md.EntryPoint | None, list_var: str
+) -> Route:
+    if not installed:
+        return Route(host, "off", f"{host} is not installed here")
+    if not loader:  # SGLang 0.5.10 and 0.5.10.post1
+        version = _distribution("sglang")[1] or "here"
+        why = f"SGLang {version} has no plugin loader (sglang.srt.plugins): the plugin cannot load"
+        why += " here"
+        return Route(host, "no loader", why)
+    if ep is None:
+        why = f"sglang-amd-moe's {host} entry point is not registered (is it installed here?)"
+        return Route(host, "off", why)
+    off = _disabled_by_env(list_var, ep.name)
+    return Route(host, "off", f"plugin disabled: {off}") if off else Route(host)
 
 
 def _run_load_plugins(view: PluginView) -> None:
     """``--load``: import SGLang's plugin framework and run its real ``load_plugins()``."""
     if not view.sglang_loader:
-        view.load_error = "this SGLang has no plugin loader (sglang.srt.plugins.load_plugins)"
-        return
+        return  # nothing to run; the SGLang route says why
     try:
         plugins = importlib.import_module("sglang.srt.plugins")
         plugins.load_plugins()
-        view.loaded = True
     except Exception as exc:
         raise AuditError(f"load_plugins() failed: {type(exc).__name__}: {exc}") from exc
+    view.loaded = True
+
+
+# ------------------------------------------------------------------------ hook state
+
+
+def _hook_module(target: str) -> Any:
+    return sys.modules.get(_HOOK_MODULES[target])  # never imported here: only read
+
+
+def _hook_status(target: str) -> HookStatus | None:
+    """The hook's last decision in this process, as a :class:`HookStatus` (None: none)."""
+    mod = _hook_module(target)
+    if mod is None:
+        return None
+    try:
+        st = mod.status()
+    except Exception as exc:
+        return HookStatus(
+            target, "error", None, f"{target} hook status() failed: {type(exc).__name__}: {exc}"
+        )
+    if st is None or isinstance(st, HookStatus):
+        return st
+    return _status_from_older_hook(target, st, mod)
+
+
+def _status_from_older_hook(target: str, st: Any, mod: Any) -> HookStatus | None:
+    """The same, from a hook whose ``status()`` predates :class:`HookStatus`: the aiter
+    hook's dict (``found_form``, ``live``, ``pending``, ``reason``) or the SGLang hook's
+    result (``form``, ``hooked``, ``message``)."""
+    if isinstance(st, dict):
+        form = st.get("found_form")
+        if form is None and not st.get("pending"):
+            return None
+        if st.get("live"):
+            state = "live"
+        elif st.get("pending"):
+            state = "pending"
+        else:
+            state = "not-needed" if (target, form) in GOOD_FORMS else "refused"
+        return HookStatus(target, state, form, str(st.get("reason") or ""))
+    form, hooked = getattr(st, "form", None), bool(getattr(st, "hooked", False))
+    if hooked:
+        state = "live" if _is_live(mod) else "pending"
+    else:
+        state = {"disabled": "off", "skipped": "off", "error": "error", "fixed": "not-needed"}.get(
+            form, "refused"
+        )
+    return HookStatus(
+        target, state, form if form in sglang_forms.FORMS else None, str(getattr(st, "message", ""))
+    )
+
+
+def _is_live(mod: Any) -> bool:
+    try:
+        return bool(mod.is_live())
+    except Exception:
+        return False
+
+
+def _platform_gate_closed() -> bool:
+    """The plugin stays off here only because torch is not a ROCm build (and no FORCE)."""
+    return not _env.forced() and _torch_is_rocm() is not True
 
 
 # ------------------------------------------------------------------------ per target
 
 
 def _patch_check(target: str, form: str, source: str) -> tuple[str | None, str | None]:
-    """(patch name, status) for ``source``: a shipped patch already applied wins, else the
-    patch for this form, else none."""
+    """(patch name, status) for ``source``: a shipped patch that is applied wins (each
+    adds a line naming itself, so an upstream-fixed file never reads as patched), else
+    the patch for this form, else none."""
     statuses = {
         name: patching.status(source, patching.read_patch(name))
         for name in patching.patch_names(target)
     }
     for name, status in statuses.items():
-        # An upstream-fixed file can contain exactly what a patch adds (0.5.14 holds
-        # PR 28378): only report it when the form would otherwise need that patch or
-        # the classifier does not recognise the result.
-        if status == patching.ALREADY_APPLIED and form not in GOOD_FORMS:
-            return name, patching.ALREADY_APPLIED
+        if status == patching.ALREADY_APPLIED:
+            return name, status
     name = patching.patch_for(target, form)
-    if name is None:
-        return None, None
-    return name, statuses[name]
+    return (name, statuses[name]) if name else (None, None)
 
 
 def _classify(target: str, source: str) -> tuple[str, str, str]:
@@ -297,8 +498,9 @@ def _actions(target: str) -> dict[str, str]:
     return sglang_forms.ACTIONS if target == SGLANG else aiter_forms.ACTIONS
 
 
-def _audit_source(target: str, path: Path, source_mode: bool, dist: str | None, version: str | None) -> TargetReport:
-    source = _read(path)
+def _report(
+    target: str, path: Path, source: str, dist: str | None, version: str | None, *, given: bool
+) -> TargetReport:
     form, sha, why = _classify(target, source)
     patch, pstatus = _patch_check(target, form, source)
     return TargetReport(
@@ -309,12 +511,43 @@ def _audit_source(target: str, path: Path, source_mode: bool, dist: str | None, 
         sha256=sha or None,
         form=form,
         action=_actions(target).get(form, ""),
-        hook_live=None if source_mode else False,
+        hook_live=None if given else False,
         patch=patch,
         patch_status=pstatus,
         reason=why,
         source=source,
     )
+
+
+def _audit_given_file(target: str, path: Path) -> TargetReport:
+    """``--sglang-source`` / ``--aiter-source``: the file must be the target's own."""
+    source = read_source(path)
+    why_not = _not_own_file(target, source)
+    if why_not:
+        raise AuditError(f"{path} is not {_OWN_FILE[target]}: {why_not}")
+    return _report(target, path, source, None, None, given=True)
+
+
+def _audit_installed(target: str, view: PluginView) -> TargetReport:
+    pkg, rel = (view.sglang_dir, SGLANG_REL) if target == SGLANG else (view.aiter_dir, AITER_REL)
+    if pkg is None:
+        return _not_installed(target)
+    dist, version = _distribution(target)
+    path = pkg / rel
+    if not os.path.lexists(path):
+        rep = _not_installed(target)
+        rep.installed = True
+        rep.distribution, rep.version, rep.file, rep.form = dist, version, str(path), "absent"
+        rep.action = _actions(target).get("absent", "")
+        rep.reason = f"no {rel} in this {target}"
+        return rep
+    rep = _report(target, path, read_source(path), dist, version, given=False)
+    mod = _hook_module(target)
+    rep.hook_live = _is_live(mod) if mod is not None else False
+    if view.loaded:
+        rep.status = _hook_status(target)
+        rep.hook_state = rep.status.state if rep.status else None
+    return rep
 
 
 def _not_installed(target: str) -> TargetReport:
@@ -330,103 +563,145 @@ def _not_installed(target: str) -> TargetReport:
         patch=None,
         patch_status=None,
         installed=False,
-        reason=f"{target} is not installed in this environment",
     )
 
 
-def _verdict(rep: TargetReport, view: PluginView | None) -> None:
-    """Fill covered / needs_attention / reason / hook for one target."""
+# ------------------------------------------------------------------------ verdict
+
+
+@dataclass(frozen=True)
+class Verdict:
+    attention: bool
+    covered: bool
+    hook: str
+    reason: str
+
+
+def _ok(reason: str, hook: str = "-", covered: bool = True) -> Verdict:
+    return Verdict(False, covered, hook, reason)
+
+
+def _needs(reason: str, hook: str = "-") -> Verdict:
+    return Verdict(True, False, hook, reason)
+
+
+def _verdict(rep: TargetReport, view: PluginView | None) -> Verdict:
+    """The verdict on one target before drift is considered (see the module docstring)."""
     if not rep.installed:
-        rep.hook = "-"
+        return _missing(rep, view)
+    if rep.patch_status == patching.ALREADY_APPLIED:
+        if (rep.target, rep.form) in GOOD_FORMS:
+            return _ok(f"patched: {rep.patch} is applied to this file")
+        return _needs(
+            f"{rep.patch} is applied, but the result reads as {rep.form} ({rep.reason})", "?"
+        )
+    if rep.form in BROKEN_FORMS:
+        return _coverage(rep, view)
+    if (rep.target, rep.form) in GOOD_FORMS:
+        return _ok(GOOD_FORMS[(rep.target, rep.form)])
+    if rep.form == "absent":  # SGLang without the function
+        return _needs(
+            f"{rep.reason}: an SGLang older than any this package knows (0.5.9 or earlier?); "
+            "neither the plugin nor a patch covers it"
+        )
+    return _needs(f"unrecognised form ({rep.reason}): check this function by hand", "?")
+
+
+def _missing(rep: TargetReport, view: PluginView | None) -> Verdict:
+    if rep.target == AITER:
+        return _ok("aiter is not installed here: the aiter part has nothing to do", covered=False)
+    if view is not None and view.vllm_installed and view.aiter_dir is not None:
+        return _ok(
+            "SGLang is not installed here (vLLM and aiter are: the aiter part applies)",
+            covered=False,
+        )
+    return _needs(
+        f"SGLang is not installed in this interpreter ({sys.executable}): "
+        "run the audit with the python that runs the server"
+    )
+
+
+def _coverage(rep: TargetReport, view: PluginView | None) -> Verdict:
+    """Whether the plugin covers the broken form of ``rep``, through any of its routes."""
+    if view is None:
+        return _needs(
+            f"{rep.form}: the plugin of the image this file comes from cannot be seen from here: "
+            "install sglang-amd-moe there (SGLang >= 0.5.11) or apply the patch",
+            "?",
+        )
+    seen = [
+        _observed(rep, route) if view.loaded and route.host == "SGLang" else _predicted(route)
+        for route in _routes(rep.target, view)
+    ]
+    for covered, hook, why in seen:
+        if covered:
+            return _ok(f"{rep.form}: covered: {why}", hook)
+    return _needs(f"{rep.form}: not covered: {'; '.join(why for _, _, why in seen)}", seen[0][1])
+
+
+def _predicted(route: Route) -> tuple[bool, str, str]:
+    """(covered, HOOK cell, why) of a route, from what is installed."""
+    if route.cell:
+        return False, route.cell, route.why
+    return True, "on load", f"the plugin hooks it when {route.host} loads plugins"
+
+
+_PENDING_ON = {SGLANG: "SGLang to apply its hooks", AITER: "aiter.fused_moe to be imported"}
+
+
+def _observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
+    """The same for the SGLang route after ``load_plugins()`` ran here: the hook's status."""
+    st = rep.status
+    if st is not None and st.state == "live":
+        return True, "live", "hook live in this process"
+    if st is not None and st.state == "pending":
+        return True, "pending", f"hook installed, waiting for {_PENDING_ON[rep.target]}"
+    if route.cell:
+        return _predicted(route)
+    if st is None:
+        return (
+            False,
+            "not called",
+            "load_plugins() ran but did not call sglang-amd-moe's register()",
+        )
+    if st.state == "off" and _platform_gate_closed():
+        why = "load_plugins() called the plugin, which hooks this on a ROCm machine"
+        why += " (off here: see the note)"
+        return True, "not ROCm", why
+    return False, st.state, st.message or f"the hook's state is {st.state}"
+
+
+def _conclude(rep: TargetReport, view: PluginView | None) -> None:
+    """Fill the verdict, the action line, and the patch's path and command."""
+    v = _verdict(rep, view)
+    rep.needs_attention, rep.covered, rep.hook, rep.reason = (
+        v.attention,
+        v.covered,
+        v.hook,
+        v.reason,
+    )
+    if not rep.installed:
         return
     if rep.patch_status == patching.DRIFT:
-        rep.notes.append(f"{rep.patch} does not apply to this file (drift): the patch needs updating")
-    if rep.patch_status == patching.ALREADY_APPLIED:
-        rep.covered = True
-        rep.hook = "-"
-        rep.reason = f"{rep.patch} is applied to this file"
-        rep.needs_attention = False
-        return
-    if rep.form in GOOD_FORMS:
-        rep.hook = "-"
-        rep.covered = True
-        rep.reason = {
-            "fixed": "fixed upstream",
-            "count-honored": "aiter already honours num_local_tokens",
-            "absent": "nothing of this kind in this version",
-        }[rep.form]
-        rep.needs_attention = rep.patch_status == patching.DRIFT
-        return
-    if rep.form == "unknown":
-        rep.hook = "?"
         rep.needs_attention = True
-        rep.reason = f"unrecognised form ({rep.reason}); the plugin only guards it and warns"
-        return
-    # A broken form: is the plugin going to fix it?
-    apply_cmd = ""
-    if rep.patch and rep.patch_status == patching.APPLIES and rep.file:
-        apply_cmd = f"patch --forward {rep.file} {patching.patch_path(rep.patch)}"
-    if view is None:  # --*-source: the image's plugin is not visible from here
-        rep.hook = "?"
-        rep.needs_attention = True
-        rep.reason = (
-            f"{rep.form}: install sglang-amd-moe in that environment (SGLang >= 0.5.11) "
-            f"or apply {rep.patch or 'a fix'}"
+        rep.reason += (
+            f"; but {rep.patch} does not apply to this file (drift): the patch needs updating"
         )
-        return
-    if rep.target == SGLANG:
-        routes = [("SGLang", view.sglang_loader, view.sglang_ep)]
-    else:
-        routes = [("SGLang", view.sglang_loader, view.sglang_ep), ("vLLM", view.vllm_installed, view.vllm_ep)]
-    blockers: list[str] = []
-    would = False
-    for host, has_loader, ep in routes:
-        if not has_loader:
-            if host == "SGLang":
-                ver = _distribution("sglang")[1] if view.sglang_dir is not None else None
-                blockers.append(
-                    f"{'SGLang ' + ver if ver else 'this SGLang'} has no plugin loader "
-                    "(sglang.srt.plugins): the plugin cannot load here"
-                )
-            continue
-        if ep is None:
-            blockers.append(f"sglang-amd-moe's {host} entry point is not registered (is it installed here?)")
-            continue
-        off = _disabled_by_env(ep.name)
-        if off:
-            blockers.append(f"plugin disabled: {off}")
-            continue
-        would = True
-    if view.loaded or (view.load_error and rep.target == SGLANG):
-        rep.hook = "live" if rep.hook_live else ("no loader" if not view.sglang_loader else "not live")
-        rep.covered = bool(rep.hook_live)
-        if rep.covered:
-            rep.reason = f"{rep.form}: hook live in this process"
-        else:
-            msg = _hook_message(rep.target)
-            why = "; ".join(blockers) or (msg or "load_plugins() ran but the hook is not in place")
-            hint = f"; apply the patch instead: {apply_cmd}" if apply_cmd else ""
-            rep.reason = f"{rep.form}: not covered: {why}{hint}"
-        rep.needs_attention = not rep.covered
-        return
-    if would:
-        rep.covered = True
-        rep.hook = "on load"
-        hosts = " or ".join(h for h, ok, ep in routes if ok and ep is not None and not _disabled_by_env(ep.name))
-        rep.reason = f"{rep.form}: covered: the plugin hooks it when {hosts} loads plugins"
-        rep.needs_attention = rep.patch_status == patching.DRIFT
-        return
-    no_loader = any("no plugin loader" in b for b in blockers)
-    rep.hook = "no loader" if no_loader else "off"
-    rep.needs_attention = True
-    hint = f"; {'apply the patch instead' if no_loader else 'or apply the patch'}: {apply_cmd}" if apply_cmd else ""
-    rep.reason = f"{rep.form}: not covered: {'; '.join(blockers)}{hint}"
+    if rep.form in BROKEN_FORMS and not rep.covered:
+        rep.action = f"none here; where the plugin loads: {rep.action}"
+    if rep.patch:
+        rep.patch_file = patching.patch_path(rep.patch)
+        if rep.patch_status == patching.APPLIES and rep.file:
+            rep.apply_command = patching.apply_command(rep.file, rep.patch)
 
 
 # ------------------------------------------------------------------------ diff
 
 
-_DIFF_FUNCS = {SGLANG: (sglang_forms.FUNCTION_NAME,), AITER: ("_adaptive_moe_sort", "_moe_sorting_impl")}
+_DIFF_FUNCS = {
+    SGLANG: (sglang_forms.FUNCTION_NAME,),
+    AITER: ("_adaptive_moe_sort", "_moe_sorting_impl"),
+}
 
 
 def _functions_source(source: str, names: tuple[str, ...]) -> str:
@@ -446,7 +721,9 @@ def function_diff(rep: TargetReport) -> str:
     if not rep.installed or not rep.source:
         return f"# {rep.target}: not installed\n"
     names = _DIFF_FUNCS[rep.target]
-    if rep.patch_status == patching.ALREADY_APPLIED or rep.form in GOOD_FORMS:
+    if rep.patch_status == patching.ALREADY_APPLIED:
+        return f"# {rep.target}: {', '.join(names)} is already patched ({rep.patch})\n"
+    if (rep.target, rep.form) in GOOD_FORMS:
         return f"# {rep.target}: {', '.join(names)} is already in its fixed form ({rep.form})\n"
     if rep.patch is None:
         return f"# {rep.target}: no patch for form {rep.form!r}; nothing to diff against\n"
@@ -468,133 +745,221 @@ def function_diff(rep: TargetReport) -> str:
 # ------------------------------------------------------------------------ output
 
 
-def _table(reports: list[TargetReport], exit_status: int, view: PluginView | None) -> str:
+def platform_notes(reports: list[TargetReport], view: PluginView | None) -> list[str]:
+    """Notes on this machine, printed under the details (empty for ``--*-source``)."""
+    if view is None or not any(r.installed and r.form in BROKEN_FORMS for r in reports):
+        return []
+    rocm = _torch_is_rocm()
+    if rocm is None:
+        return ["torch is not installed in this interpreter: the plugin cannot run here"]
+    if rocm or _env.forced():
+        return []
+    return [
+        "torch here is not a ROCm build: the plugin stays off on this machine "
+        "(SGLANG_AMD_MOE_FORCE=1 forces it); the verdict is for a ROCm machine with this software"
+    ]
+
+
+def _installed_cell(r: TargetReport, view: PluginView | None) -> str:
+    if not r.installed:
+        return "not installed"
+    if view is None:
+        return "(source file)"
+    return (
+        f"{r.distribution or r.target} {r.version}"
+        if r.version
+        else f"{r.distribution or r.target} (no metadata)"
+    )
+
+
+def render_table(reports: list[TargetReport], exit_status: int, view: PluginView | None) -> str:
     rows = [("TARGET", "INSTALLED", "FORM", "HOOK", "PATCH", "PATCH STATUS")]
     for r in reports:
-        if not r.installed:
-            inst = "not installed"
-        elif view is None:
-            inst = "(source file)"
-        elif r.version:
-            inst = f"{r.distribution or r.target} {r.version}"
-        else:
-            inst = f"{r.distribution or r.target} (no metadata)"
-        rows.append((r.target, inst, r.form if r.installed else "-", r.hook, r.patch or "-", r.patch_status or "-"))
+        form = r.form if r.installed else "-"
+        rows.append(
+            (
+                r.target,
+                _installed_cell(r, view),
+                form,
+                r.hook,
+                r.patch or "-",
+                r.patch_status or "-",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
     lines.append("")
     for r in reports:
-        if not r.installed:
+        if not r.installed and not r.needs_attention:
             continue
         pad = " " * (len(r.target) + 2)
-        mark = "!!" if r.needs_attention else "ok"
-        lines.append(f"{r.target}  {mark} {r.reason}")
+        lines.append(f"{r.target}  {'!!' if r.needs_attention else 'ok'} {r.reason}")
+        if not r.installed:
+            continue
         lines.append(f"{pad}plugin action: {r.action}")
         lines.append(f"{pad}file: {r.file}")
         lines.append(f"{pad}sha256: {r.sha256 or '-'}")
-        for n in r.notes:
-            lines.append(f"{pad}note: {n}")
-    if view is not None and any(r.installed and r.form in BROKEN_FORMS for r in reports) and _on_rocm() is False:
-        lines.append(
-            "note: torch here is not a ROCm build: the plugin stays off on this machine "
-            "(SGLANG_AMD_MOE_FORCE=1 forces it); the verdict is for a ROCm machine with this software"
-        )
+        if r.patch_file:
+            lines.append(f"{pad}patch: {r.patch_file} ({r.patch_status})")
+        if r.apply_command:  # two lines, still one shell command when pasted
+            dry_run, apply = r.apply_command.split(" && ")
+            lines += [f"{pad}to patch the file instead:", f"{pad}  {dry_run} &&", f"{pad}  {apply}"]
+        lines.extend(f"{pad}note: {n}" for n in r.notes)
+    problems = view.problems if view is not None else []
+    lines.extend(f"!! environment: {p}" for p in problems)
+    lines.extend(f"note: {n}" for n in platform_notes(reports, view))
     n = sum(r.needs_attention for r in reports)
-    lines.append(
-        "OK: nothing needs action (exit 0)" if exit_status == 0 else f"ATTENTION: {n} target(s) need action (exit 1)"
-    )
+    if exit_status == 0:
+        lines.append("OK: nothing needs action (exit 0)")
+    elif not problems:
+        lines.append(f"ATTENTION: {n} target(s) need action (exit 1)")
+    else:
+        lines.append(
+            f"ATTENTION: {f'{n} target(s) and ' if n else ''}the environment need action (exit 1)"
+        )
     return "\n".join(lines) + "\n"
+
+
+def render_json(
+    reports: list[TargetReport], exit_status: int, view: PluginView | None, diff: bool
+) -> str:
+    doc: dict[str, Any] = {
+        "exit_status": exit_status,
+        "targets": [r.to_json() for r in reports],
+        "problems": view.problems if view is not None else [],
+        "notes": platform_notes(reports, view),
+    }
+    if diff:
+        doc["diff"] = {r.target: function_diff(r) for r in reports}
+    return json.dumps(doc, indent=2) + "\n"
 
 
 # ------------------------------------------------------------------------ main
 
 
+_EPILOG = """\
+exit status:
+  0  the targets were found and nothing needs action (fixed upstream, patched,
+     or covered by the plugin)
+  1  something needs attention (SGLang not in this interpreter, an unknown form,
+     a broken form the plugin cannot cover, patch drift, both triton and
+     pytorch-triton-rocm installed)
+  2  the audit failed (a file it cannot read or that is not the target's, a
+     failing load_plugins(), a report it cannot print)
+
+HOOK column: live / pending (hooked in this process, or waiting for aiter.fused_moe
+to be imported; --load), on load (the plugin hooks it when SGLang loads plugins),
+not ROCm (--load on a machine without ROCm torch: off here, hooks on ROCm),
+no loader (SGLang 0.5.10: apply the patch), off (disabled, or not installed),
+? (unknown form, or a --*-source file whose image cannot be seen), - (nothing
+to hook).
+
+examples:
+  sglang-amd-moe audit                  this environment, nothing imported
+  sglang-amd-moe audit --load           run SGLang's load_plugins() first
+  sglang-amd-moe audit --sglang-source IMAGE_ROOT/.../sglang/srt/layers/moe/topk.py
+"""
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="sglang-amd-moe audit",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Report, for SGLang's _post_process_topk_ids and aiter's MXFP4 aux sort: what is "
-            "installed, its form, what the plugin does about it, whether the hook is live, and "
-            "the matching patch. Exit 0: nothing needs action; 1: something needs attention; 2: error."
+            "Report, for SGLang's _post_process_topk_ids and aiter's MXFP4 aux sort: what is\n"
+            "installed, its form, what the plugin does about it, the hook's state, and the\n"
+            "matching patch with the command that applies it. Run it with the python that\n"
+            "runs the server. Needs neither torch nor ROCm nor aiter (except --load)."
         ),
+        epilog=_EPILOG,
     )
-    ap.add_argument("--load", action="store_true", help="run SGLang's real load_plugins() first, then check the hooks")
-    ap.add_argument("--diff", action="store_true", help="print the unified diff installed -> fixed of each target")
-    ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
-    ap.add_argument("--sglang-source", type=Path, metavar="FILE", help="classify this topk.py instead (imports nothing)")
-    ap.add_argument("--aiter-source", type=Path, metavar="FILE", help="classify this fused_moe.py instead (imports nothing)")
+    ap.add_argument(
+        "--load",
+        action="store_true",
+        help="run SGLang's real load_plugins() first, then read the hooks' state",
+    )
+    ap.add_argument(
+        "--diff",
+        action="store_true",
+        help="print the unified diff installed -> fixed of each target",
+    )
+    ap.add_argument(
+        "--json", action="store_true", help="print one JSON document instead of the table"
+    )
+    ap.add_argument(
+        "--sglang-source",
+        type=Path,
+        metavar="FILE",
+        help="audit this copy of SGLang's sglang/srt/layers/moe/topk.py instead (imports nothing)",
+    )
+    ap.add_argument(
+        "--aiter-source",
+        type=Path,
+        metavar="FILE",
+        help="audit this copy of aiter's aiter/fused_moe.py instead (imports nothing)",
+    )
     return ap
 
 
 def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], PluginView | None]:
     """Audit and return (exit status, reports, plugin view); raises AuditError/SystemExit."""
     args = argv if isinstance(argv, argparse.Namespace) else _parser().parse_args(argv)
-    source_mode = args.sglang_source is not None or args.aiter_source is not None
-    if source_mode and args.load:
-        raise AuditError("--load audits this environment; it cannot be combined with --sglang-source/--aiter-source")
-    reports: list[TargetReport] = []
+    given = [
+        (t, p)
+        for t, p in ((SGLANG, args.sglang_source), (AITER, args.aiter_source))
+        if p is not None
+    ]
+    if given and args.load:
+        raise AuditError(
+            "--load audits this environment; "
+            "it cannot be combined with --sglang-source/--aiter-source"
+        )
     view: PluginView | None = None
-    if source_mode:
-        if args.sglang_source is not None:
-            reports.append(_audit_source(SGLANG, args.sglang_source, True, None, None))
-        if args.aiter_source is not None:
-            reports.append(_audit_source(AITER, args.aiter_source, True, None, None))
+    if given:
+        reports = [_audit_given_file(target, path) for target, path in given]
     else:
-        sglang_dir = _find_package_dir("sglang")
-        view = _plugin_view(sglang_dir)
+        view = _plugin_view()
         if args.load:
             _run_load_plugins(view)
-        for target, top, rel in ((SGLANG, "sglang", SGLANG_REL), (AITER, "aiter", AITER_REL)):
-            pkg = sglang_dir if target == SGLANG else _find_package_dir(top)
-            if pkg is None:
-                reports.append(_not_installed(target))
-                continue
-            dist, version = _distribution(top)
-            path = pkg / rel
-            if not path.is_file():
-                rep = _not_installed(target)
-                rep.installed = True
-                rep.distribution, rep.version, rep.file, rep.form = dist, version, str(path), "absent"
-                rep.action = _actions(target).get("absent", "")
-                rep.reason = f"no {rel} in this {top}"
-                reports.append(rep)
-                continue
-            rep = _audit_source(target, path, False, dist, version)
-            rep.hook_live = _hook_live(target)
-            reports.append(rep)
+        reports = [_audit_installed(target, view) for target in (SGLANG, AITER)]
     for rep in reports:
-        _verdict(rep, view)
-    exit_status = 1 if any(r.needs_attention for r in reports) else 0
+        _conclude(rep, view)
+    problems = view.problems if view is not None else []
+    exit_status = 1 if problems or any(r.needs_attention for r in reports) else 0
     return exit_status, reports, view
+
+
+def _error(message: str) -> int:
+    try:
+        print(f"sglang-amd-moe audit: error: {message}", file=sys.stderr)
+    except Exception:
+        pass
+    return 2
 
 
 def main(argv: list[str]) -> int:
     """Entry point of ``sglang-amd-moe audit`` (see the module docstring)."""
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as exc:  # argparse: --help (0) or bad usage (2)
+    except SystemExit as exc:  # argparse: --help (0) or bad usage (2, message on stderr)
         return 0 if exc.code in (0, None) else 2
     try:
         exit_status, reports, view = run(args)
+        if args.json:
+            text = render_json(reports, exit_status, view, args.diff)
+        else:
+            text = render_table(reports, exit_status, view)
+            if args.diff:
+                text += "".join("\n" + function_diff(r) for r in reports)
     except (AuditError, patching.PatchError) as exc:
-        print(f"sglang-amd-moe audit: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc))
     except Exception:  # a bug of ours must not read as "needs attention" (1)
         traceback.print_exc()
-        print("sglang-amd-moe audit: internal error (above)", file=sys.stderr)
-        return 2
+        return _error("internal error (above)")
     try:
-        if args.json:
-            doc = {"exit_status": exit_status, "targets": [r.to_json() for r in reports]}
-            if args.diff:
-                doc["diff"] = {r.target: function_diff(r) for r in reports}
-            print(json.dumps(doc, indent=2))
-        else:
-            sys.stdout.write(_table(reports, exit_status, view))
-            if args.diff:
-                for r in reports:
-                    sys.stdout.write("\n" + function_diff(r))
-    except (AuditError, patching.PatchError) as exc:
-        print(f"sglang-amd-moe audit: error: {exc}", file=sys.stderr)
-        return 2
+        write_stdout(text)
+    except OutputError as exc:
+        return _error(f"cannot write to stdout: {exc}")
     return exit_status

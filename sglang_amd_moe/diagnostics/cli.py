@@ -1,37 +1,139 @@
 """The ``sglang-amd-moe`` command: ``audit``, ``check`` and ``demo``.
 
 Each subcommand lives in its own module and takes its own ``argv``; this module only
-dispatches, so ``sglang-amd-moe audit --help`` is the audit's own help.
+dispatches, so ``sglang-amd-moe audit --help`` is the audit's own help. Conventions for
+every subcommand: usage errors go to stderr with exit status 2; a report that cannot be
+written (a closed stdout, a reader that went away) is exit status 2 with one line on
+stderr, never a traceback and never the verdict's 0 or 1; Ctrl-C is exit status 130.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 
+from sglang_amd_moe import __version__
+
+PROG = "sglang-amd-moe"
 SUBCOMMANDS = {
-    "audit": ("sglang_amd_moe.diagnostics.audit", "what is installed, what is broken, what the plugin changes"),
-    "check": ("sglang_amd_moe.diagnostics.check", "padded-batch end-to-end check on a small MoE model"),
+    "audit": (
+        "sglang_amd_moe.diagnostics.audit",
+        "what is installed, what is broken, what the plugin changes",
+    ),
+    "check": (
+        "sglang_amd_moe.diagnostics.check",
+        "padded-batch end-to-end check on a small MoE model",
+    ),
     "demo": ("sglang_amd_moe.diagnostics.demo", "audit, then check: what `make demo` runs"),
 }
 
 
-def _usage() -> str:
-    lines = ["usage: sglang-amd-moe {" + ",".join(SUBCOMMANDS) + "} [options]", ""]
+def usage() -> str:
+    lines = [
+        f"usage: {PROG} [--version] [--help] {{{','.join(SUBCOMMANDS)}}} [options]",
+        "",
+        "Correct padded-row MoE routing on AMD GPUs for SGLang and aiter. The plugin itself",
+        "needs no command (SGLang loads it); these commands show what it finds and does.",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<6} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
-    return "\n".join(lines)
+    lines += [
+        "",
+        f"Run `{PROG} COMMAND --help` for a command's options.",
+        "",
+        "environment (read by the plugin in the server, and by these commands):",
+        "  SGLANG_AMD_MOE_FORCE=1    hook even where torch is not a ROCm build",
+        "  SGLANG_AMD_MOE_DISABLE=1  the plugin hooks nothing",
+        "  SGLANG_AMD_MOE_VERIFY=1   check padded rows after every hooked call (debugging)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class OutputError(Exception):
+    """A report could not be written to stdout."""
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to stdout and flush, or raise :class:`OutputError`.
+
+    Characters the stream cannot encode (an ASCII-only locale, a non-ASCII path) are
+    written as backslash escapes, so a report is never lost to the locale.
+    """
+    out = sys.stdout
+    if out is None:
+        raise OutputError("stdout is closed")
+    encoding = getattr(out, "encoding", None) or "utf-8"
+    try:
+        text = text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:
+        text = text.encode("ascii", "backslashreplace").decode("ascii")
+    try:
+        out.write(text)
+        out.flush()
+    except (OSError, ValueError) as exc:  # EPIPE, EBADF, ENOSPC; ValueError: a closed file
+        _silence_stdout()
+        raise OutputError(_why(exc)) from exc
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null after a failed write, so that the interpreter's own
+    flush at exit cannot fail again (with a traceback and exit status 120)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _why(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def _stderr(text: str) -> None:
+    try:
+        print(text, file=sys.stderr)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _output_failed(name: str, why: str) -> int:
+    _silence_stdout()
+    _stderr(f"{PROG}{' ' + name if name else ''}: error: cannot write to stdout: {why}")
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in {"-h", "--help"}:
-        print(_usage())
-        return 0 if argv else 2
+    if not argv:
+        _stderr(usage())
+        return 2
+    if argv[0] in {"-h", "--help", "--version"}:
+        text = usage() if argv[0] != "--version" else f"{PROG} {__version__}\n"
+        try:
+            write_stdout(text)
+        except OutputError as exc:
+            return _output_failed("", str(exc))
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"sglang-amd-moe: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        _stderr(f"{PROG}: unknown command {name!r}\n\n{usage()}")
         return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+        status = int(module.main(rest) or 0)
+    except KeyboardInterrupt:
+        _stderr(f"{PROG} {name}: interrupted")
+        return 130
+    except BrokenPipeError as exc:
+        return _output_failed(name, _why(exc))
+    try:  # what a command printed and did not flush is part of its report
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except (OSError, ValueError) as exc:
+        return _output_failed(name, _why(exc))
+    return status

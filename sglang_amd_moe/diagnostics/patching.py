@@ -15,6 +15,7 @@ Only the standard library is used.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -29,6 +30,12 @@ PATCHES: dict[tuple[str, str], str] = {
 APPLIES = "applies"
 ALREADY_APPLIED = "already applied"
 DRIFT = "does not apply (drift)"
+
+#: GNU patch options of every command this package prints or documents: refuse fuzz
+#: (GNU patch accepts fuzz 2 by default; this module matches hunks exactly, so a hunk
+#: it calls drift must not apply), make no ``.orig`` backup when a hunk lands at an
+#: offset, and discard rejects instead of leaving ``.rej`` files beside the target.
+PATCH_OPTIONS = "--forward --fuzz=0 --no-backup-if-mismatch --reject-file=-"
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
@@ -73,6 +80,18 @@ def patch_path(name: str) -> str:
     return str(resources.files("sglang_amd_moe.patches").joinpath(name))
 
 
+def apply_command(target_file: str, name: str) -> str:
+    """The shell command that applies shipped patch ``name`` to ``target_file`` with GNU
+    patch, all or nothing.
+
+    A dry run goes first because GNU patch writes the hunks that match even when another
+    one fails; with :data:`PATCH_OPTIONS` it leaves no backup or reject files and refuses
+    a second application (``--forward``).
+    """
+    args = f"{PATCH_OPTIONS} {shlex.quote(target_file)} {shlex.quote(patch_path(name))}"
+    return f"patch --dry-run {args} && patch {args}"
+
+
 def parse(text: str) -> list[FilePatch]:
     """Parse a unified diff; text before the first ``--- `` line is commentary."""
     lines = text.split("\n")
@@ -81,7 +100,9 @@ def parse(text: str) -> list[FilePatch]:
     out: list[FilePatch] = []
     i = 0
     while i < len(lines):
-        if not (lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")):
+        if not (
+            lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
+        ):
             i += 1
             continue
         old_path = lines[i][4:].split("\t")[0].strip()

@@ -1,6 +1,6 @@
 """`sglang-amd-moe audit` in the interpreter of each CI release (one per form), checked
-against the form each release is known to have (``releases.py``): the form, the exit
-status, the matching patch, and the hook.
+against the release table (``tools/compat/releases.py``): the form, the exit status, the
+matching patch, and the hook.
 
 This is the CI part of the compatibility matrix (`make compat` runs every release, see
 ``releases.py matrix``). The plain audit imports neither SGLang nor torch (fast); the
@@ -29,8 +29,14 @@ def _release(label: str) -> releases.Release:
     return rel
 
 
-def _audit(rel: releases.Release, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("SGLANG_AMD_MOE_DISABLE", "SGLANG_PLUGINS")}
+def _audit(
+    rel: releases.Release, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SGLANG_AMD_MOE_DISABLE", "SGLANG_AMD_MOE_FORCE", "SGLANG_PLUGINS")
+    }
     return subprocess.run(
         [str(rel.python), "-m", "sglang_amd_moe", "audit", *args],
         capture_output=True,
@@ -64,12 +70,17 @@ def test_audit_matches_expected_form(label: str) -> None:
     else:
         assert sg["patch_status"] == patching.APPLIES
     if not rel.has_plugin_loader:
-        # 0.5.10: the plugin cannot load; the audit says so and names the patch to apply.
+        # 0.5.10: the plugin cannot load; the audit says so and gives the command to patch.
         assert sg["hook"] == "no loader"
         assert "no plugin loader" in sg["reason"] and "cannot load" in sg["reason"]
-        assert expected_patch in sg["reason"] and "patch --forward" in sg["reason"]
+        assert sg["action"].startswith("none here; "), sg["action"]
+        assert sg["apply_command"] == patching.apply_command(sg["file"], expected_patch)
     elif expected_patch is not None:
         assert sg["hook"] == "on load" and sg["covered"] is True
+        assert sg["action"].startswith("hooked"), sg["action"]
+    if expected_patch is not None:
+        # Off ROCm the note says the verdict is for a ROCm machine.
+        assert any("not a ROCm build" in n for n in doc["notes"]), doc["notes"]
     aiter = next(t for t in doc["targets"] if t["target"] == "aiter")
     assert aiter["form"] == "not installed" and not aiter["needs_attention"]
     # The table says the same in five seconds.
@@ -87,17 +98,70 @@ def test_audit_after_real_load_plugins(label: str) -> None:
     rel = _release(label)
     proc = _audit(rel, "--json", "--load", env={"SGLANG_AMD_MOE_FORCE": "1"})
     assert proc.stdout, proc.stderr[-3000:]
-    sg = _sglang(json.loads(proc.stdout))
+    doc = json.loads(proc.stdout)
+    sg = _sglang(doc)
     assert sg["form"] == rel.expected_form
     if not rel.has_plugin_loader:
         assert proc.returncode == 1 and sg["hook"] == "no loader" and sg["hook_live"] is False
     elif rel.expected_form == "fixed":
         assert proc.returncode == 0 and sg["hook_live"] is False
     else:
-        assert sg["hook_live"] is True and sg["hook"] == "live", sg["reason"]
+        assert sg["hook_live"] is True and sg["hook"] == "live" and sg["hook_state"] == "live", sg[
+            "reason"
+        ]
         assert proc.returncode == 0
+    # FORCE=1 made the hook live: no note may say the plugin stays off here.
+    assert not any("stays off" in n for n in doc["notes"]), doc["notes"]
     # Disabled on a broken form: needs attention, and the audit says why.
     if rel.has_plugin_loader and rel.expected_form != "fixed":
         off = _audit(rel, "--json", env={"SGLANG_AMD_MOE_DISABLE": "1"})
         sg_off = _sglang(json.loads(off.stdout))
-        assert off.returncode == 1 and sg_off["hook"] == "off" and "SGLANG_AMD_MOE_DISABLE" in sg_off["reason"]
+        assert (
+            off.returncode == 1
+            and sg_off["hook"] == "off"
+            and "SGLANG_AMD_MOE_DISABLE" in sg_off["reason"]
+        )
+
+
+# One release without a plugin loader and one broken release with it: the verdict
+# logic is the same for every release (test_audit.py checks it for every hook state),
+# and each `--load` imports SGLang (40 s on a loaded 2-core machine).
+AGREE = [
+    pytest.param(rel.label, id=rel.label)
+    for rel in (
+        next(r for r in releases.RELEASES if r.ci and not r.has_plugin_loader),
+        next(
+            r
+            for r in releases.RELEASES
+            if r.ci and r.has_plugin_loader and r.expected_form != "fixed"
+        ),
+    )
+]
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("label", AGREE)
+def test_load_and_plain_audit_agree_off_rocm(label: str) -> None:
+    """On a machine without ROCm torch and without FORCE, load_plugins() calls the plugin
+    and its hook stays off: `--load` gives the same verdict as the plain audit (what the
+    software does on ROCm), with a HOOK cell that says why nothing is hooked here."""
+    rel = _release(label)
+    plain, loaded = _audit(rel, "--json"), _audit(rel, "--json", "--load")
+    assert loaded.stdout, loaded.stderr[-3000:]
+    p_doc, l_doc = json.loads(plain.stdout), json.loads(loaded.stdout)
+    assert plain.returncode == loaded.returncode == rel.expected_audit_exit
+    p, lo = _sglang(p_doc), _sglang(l_doc)
+    for key in (
+        "form",
+        "covered",
+        "needs_attention",
+        "patch",
+        "patch_status",
+        "action",
+        "apply_command",
+    ):
+        assert p[key] == lo[key], (key, p[key], lo[key])
+    assert p_doc["notes"] == l_doc["notes"]
+    if rel.has_plugin_loader and rel.expected_form != "fixed":
+        assert lo["hook"] == "not ROCm" and lo["hook_state"] == "off" and lo["hook_live"] is False
+        assert "load_plugins() called the plugin" in lo["reason"]

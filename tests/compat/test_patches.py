@@ -44,7 +44,11 @@ def test_every_broken_form_has_a_release_and_a_patch() -> None:
 
 @pytest.fixture(scope="module")
 def sources() -> dict[str, str]:
-    return {rel.label: releases.topk_source(rel) for rel in releases.RELEASES if rel.expected_form in PATCHED_FORMS}
+    return {
+        rel.label: releases.topk_source(rel)
+        for rel in releases.RELEASES
+        if rel.expected_form in PATCHED_FORMS
+    }
 
 
 @pytest.mark.parametrize(("form", "label"), CASES)
@@ -73,19 +77,30 @@ def _tree(tmp: Path, src: str) -> Path:
 
 @pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch is not installed")
 @pytest.mark.parametrize(("form", "label"), CASES)
-def test_gnu_patch_applies_without_fuzz(form: str, label: str, sources: dict[str, str], tmp_path: Path) -> None:
+def test_gnu_patch_applies_without_fuzz(
+    form: str, label: str, sources: dict[str, str], tmp_path: Path
+) -> None:
     src = sources[label]
     target = _tree(tmp_path, src)
     diff = patching.patch_path(patching.patch_for("sglang", form))
     proc = subprocess.run(
-        ["patch", "-p1", "--forward", "--batch", "-i", diff], cwd=tmp_path, capture_output=True, text=True
+        ["patch", "-p1", "--forward", "--batch", "-i", diff],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "fuzz" not in proc.stdout, proc.stdout
-    assert target.read_text() == patching.apply_text(src, patching.read_patch(patching.patch_for("sglang", form)))
+    assert target.read_text() == patching.apply_text(
+        src, patching.read_patch(patching.patch_for("sglang", form))
+    )
     # Applying twice is refused, as users expect from `patch --forward`.
-    again = subprocess.run(["patch", "-p1", "--forward", "--batch", "--dry-run", "-i", diff], cwd=tmp_path,
-                           capture_output=True, text=True)
+    again = subprocess.run(
+        ["patch", "-p1", "--forward", "--batch", "--dry-run", "-i", diff],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode != 0
 
 
@@ -94,7 +109,9 @@ def test_gnu_patch_applies_without_fuzz(form: str, label: str, sources: dict[str
 def test_git_apply_check(form: str, label: str, sources: dict[str, str], tmp_path: Path) -> None:
     _tree(tmp_path, sources[label])
     diff = patching.patch_path(patching.patch_for("sglang", form))
-    proc = subprocess.run(["git", "apply", "--check", "-v", diff], cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", "apply", "--check", "-v", diff], cwd=tmp_path, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -107,13 +124,22 @@ def test_patch_headers_say_what_users_need() -> None:
         for n in numbers:
             assert n in header, (name, n)
         assert len(patching.parse(text)) == 1
+        # The documented command is the one the audit prints.
+        file = "TOPK_PY" if name.startswith("sglang-") else "FUSED_MOE_PY"
+        assert f"patch --dry-run {patching.PATCH_OPTIONS} {file} {name} &&" in header, name
+        assert f"  patch {patching.PATCH_OPTIONS} {file} {name}\n" in header, name
+        for internal in ("BRIEF", "seed 0", "tools/compat"):
+            assert internal not in header, (name, internal)
+        if name.startswith("sglang-"):
+            # The line that tells a patched file from a fixed release.
+            assert f"+        # Patched by sglang-amd-moe ({name})" in text, name
 
 
 # The patched file as the real release's topk module: a finder serves the patched text
 # for `sglang.srt.layers.moe.topk`, so every import of it (the package's own included)
 # gets it; then the HIP branch is driven on the CPU, EPLB off and on, and with aiter's
 # shared-expert append (a Triton kernel, interpreted).
-RUNNER = r'''
+RUNNER = r"""
 import dataclasses, importlib.abc, importlib.util, json, sys
 PATCHED = sys.argv[1]
 NAME = "sglang.srt.layers.moe.topk"
@@ -135,7 +161,9 @@ M, N, K, E, SHIFT = 8, 5, 4, 16, 5
 gen = torch.Generator().manual_seed(7)
 real_ids = torch.randint(0, E, (N, K), generator=gen, dtype=torch.int32)
 real_w = torch.rand((N, K), generator=gen)
-pad_ids = torch.tensor([[9999, -1, 16, 123456], [-1, -1, -1, -1], [16, 17, 9999, -5]], dtype=torch.int32)
+pad_ids = torch.tensor(
+    [[9999, -1, 16, 123456], [-1, -1, -1, -1], [16, 17, 9999, -5]], dtype=torch.int32
+)
 logits = torch.randn((M, E), generator=gen)
 perm = (torch.arange(E, dtype=torch.int32) + SHIFT) % E
 
@@ -149,7 +177,8 @@ def call(info, config=None):
     out = tk._post_process_topk_ids(topk_ids=ids, topk_weights=w, topk_config=config or cfg(),
         router_logits=logits, layer_id=0, num_token_non_padded=torch.tensor([N], dtype=torch.int32),
         expert_location_dispatch_info=info)
-    return {"ids": out[0].tolist(), "w": [[None if x != x else x for x in r] for r in out[1].tolist()]}
+    w = [[None if x != x else x for x in r] for r in out[1].tolist()]
+    return {"ids": out[0].tolist(), "w": w}
 
 res = {"real_ids": real_ids.tolist(), "real_w": real_w.tolist(), "perm": perm.tolist()}
 res["off"] = call(None)
@@ -157,13 +186,17 @@ res["off"] = call(None)
 from sglang.srt.eplb import expert_location as el
 from sglang.srt.eplb.expert_location_dispatch import ExpertLocationDispatchInfo
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", enable_eplb=True, ep_dispatch_algorithm="static"))
+set_global_server_args_for_scheduler(
+    ServerArgs(model_path="dummy", enable_eplb=True, ep_dispatch_algorithm="static")
+)
 inv = torch.argsort(perm).to(torch.int32)
 all_phys = torch.full((1, E, E), -1, dtype=torch.int32)
 all_phys[0, :, 0] = perm
 fields = {f.name for f in dataclasses.fields(el.ExpertLocationMetadata)}
-kw = dict(physical_to_logical_map=inv[None, :].clone(), physical_to_logical_map_cpu=inv[None, :].clone(),
-          logical_to_all_physical_map=all_phys.clone(), logical_to_all_physical_map_cpu=all_phys.clone(),
+kw = dict(physical_to_logical_map=inv[None, :].clone(),
+          physical_to_logical_map_cpu=inv[None, :].clone(),
+          logical_to_all_physical_map=all_phys.clone(),
+          logical_to_all_physical_map_cpu=all_phys.clone(),
           logical_to_all_physical_map_num_valid=torch.ones((1, E), dtype=torch.int64), ep_size=1,
           logical_to_rank_dispatch_physical_map=perm[None, :].clone())
 meta = el.ExpertLocationMetadata(**{k: v for k, v in kw.items() if k in fields})
@@ -179,11 +212,13 @@ if "num_fused_shared_experts" in names:
     shared = tk.TopKConfig(top_k=K + 1, num_fused_shared_experts=1)
 else:
     from sglang.srt.configs.shared_experts import SharedExpertsConfig
-    shared = tk.TopKConfig(top_k=K + 1, shared_experts=SharedExpertsConfig(num_fused_shared_experts=1))
+    shared = tk.TopKConfig(
+        top_k=K + 1, shared_experts=SharedExpertsConfig(num_fused_shared_experts=1)
+    )
 tk._use_aiter = True
 res["append"] = call(None, shared)
 print("RESULT " + json.dumps(res))
-'''
+"""
 
 # One release of each broken form that `make test` builds (ci=True), and any other
 # broken-form environment that happens to be built.
@@ -200,10 +235,14 @@ def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_
     rel = releases.BY_LABEL[label]
     if not rel.is_built():
         if rel.ci:
-            pytest.fail(f"{label} is a CI release but its environment is not built (make test builds it)")
+            pytest.fail(
+                f"{label} is a CI release but its environment is not built (make test builds it)"
+            )
         pytest.skip(f"{label}: environment not built (make compat builds it)")
     form = rel.expected_form
-    fixed = patching.apply_text(sources[label], patching.read_patch(patching.patch_for("sglang", form)))
+    fixed = patching.apply_text(
+        sources[label], patching.read_patch(patching.patch_for("sglang", form))
+    )
     patched = tmp_path / "topk.py"
     patched.write_text(fixed)
     proc = subprocess.run(
@@ -220,10 +259,12 @@ def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_
         # text is exercised on the other releases of its form.
         if rel.has_plugin_loader:
             pytest.fail(f"{label}: topk does not import: {err}")
-        pytest.skip(f"{label}: sglang.srt.layers.moe.topk does not import on this machine: {err[13:]}")
+        pytest.skip(
+            f"{label}: sglang.srt.layers.moe.topk does not import on this machine: {err[13:]}"
+        )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, proc.stdout[-3000:] + proc.stderr[-5000:]
-    res = json.loads(line[len("RESULT "):])
+    res = json.loads(line[len("RESULT ") :])
     real_ids, real_w, perm = res["real_ids"], res["real_w"], res["perm"]
     n = len(real_ids)
     e = len(perm)
@@ -231,7 +272,11 @@ def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_
     def check(out: dict, expect_real_ids: list[list[int]], k: int) -> None:
         ids, w = out["ids"], out["w"]
         assert [row[:k] for row in ids[:n]] == expect_real_ids
-        assert all(abs(a - b) < 1e-6 for r1, r2 in zip(w[:n], real_w, strict=True) for a, b in zip(r1[:k], r2, strict=True))
+        assert all(
+            abs(a - b) < 1e-6
+            for r1, r2 in zip(w[:n], real_w, strict=True)
+            for a, b in zip(r1[:k], r2, strict=True)
+        )
         for row in ids[n:]:
             assert all(0 <= x <= e for x in row), f"padded ids still out of range: {row}"
         for row in w[n:]:
@@ -247,3 +292,83 @@ def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_
     assert all(len(row) == 5 for row in append["ids"])
     assert all(row[4] == e for row in append["ids"][:n])
     check(append, real_ids, 4)
+
+
+# The command the audit prints and the headers document, run with the real GNU patch.
+
+
+def _run_shell(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def _leftovers(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name != "topk.py")
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch is not installed")
+@pytest.mark.parametrize(("form", "label"), CASES)
+def test_documented_command_applies_cleanly(
+    form: str, label: str, sources: dict[str, str], tmp_path: Path
+) -> None:
+    """Applies without fuzz and leaves no .orig, also where hunks land at an offset
+    (0.5.10, 0.5.11); a second run is refused, changes nothing and leaves no .rej."""
+    name = patching.patch_for("sglang", form)
+    src = sources[label]
+    target = tmp_path / "topk.py"
+    target.write_text(src)
+    cmd = patching.apply_command(str(target), name)
+    first = _run_shell(cmd, tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "fuzz" not in first.stdout, first.stdout
+    patched = patching.apply_text(src, patching.read_patch(name))
+    assert target.read_text() == patched
+    assert _leftovers(tmp_path) == []
+    again = _run_shell(cmd, tmp_path)
+    assert again.returncode != 0 and "previously applied" in again.stdout, again.stdout
+    assert target.read_text() == patched and _leftovers(tmp_path) == []
+
+
+def _edit_hunk_line(src: str, name: str, hunk: int, line: int) -> str:
+    """``src`` with one old line of a hunk of ``name`` changed where that hunk matches."""
+    old = patching.parse(patching.read_patch(name))[0].hunks[hunk].old
+    block = "\n".join(old)
+    assert src.count(block) == 1
+    edited = list(old)
+    edited[line] += "  # a local edit"
+    return src.replace(block, "\n".join(edited))
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch is not installed")
+def test_documented_command_refuses_fuzz_and_partial_application(
+    sources: dict[str, str], tmp_path: Path
+) -> None:
+    name = "sglang-no-hip-handling.diff"
+    src = sources["0.5.12.post1"]
+    diff = patching.patch_path(name)
+    # 1. The last context line of the second hunk edited: GNU patch's default (fuzz 2)
+    #    applies the hunk anyway; the audit calls it drift, and so must the command.
+    fuzzy = _edit_hunk_line(src, name, 1, -1)
+    assert patching.status(fuzzy, patching.read_patch(name)) == patching.DRIFT
+    default = tmp_path / "default"
+    default.mkdir()
+    (default / "topk.py").write_text(fuzzy)
+    proc = _run_shell(f"patch --forward topk.py {diff}", default)
+    assert proc.returncode == 0 and "with fuzz" in proc.stdout, (
+        proc.stdout
+    )  # what the command must not do
+    # 2. A line fuzz cannot skip edited in the second hunk: GNU patch without a dry run
+    #    writes the first hunk and drops the second (a half-patched file).
+    partial = _edit_hunk_line(src, name, 1, 3)
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "topk.py").write_text(partial)
+    proc = _run_shell(f"patch {patching.PATCH_OPTIONS} topk.py {diff}", half)
+    assert proc.returncode != 0 and (half / "topk.py").read_text() != partial
+    for k, text in enumerate((fuzzy, partial)):
+        d = tmp_path / f"refused{k}"
+        d.mkdir()
+        target = d / "topk.py"
+        target.write_text(text)
+        proc = _run_shell(patching.apply_command(str(target), name), d)
+        assert proc.returncode != 0, proc.stdout
+        assert target.read_text() == text and _leftovers(d) == [], proc.stdout
