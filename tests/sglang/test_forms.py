@@ -62,12 +62,18 @@ def test_fill_with_minus_one_on_hip_is_unknown() -> None:
 
 def test_default_fill_on_hip_is_unknown() -> None:
     """Upstream's default fill is -1: a HIP mask that omits fill_value is not a fix."""
-    text = _edit(_source(MAIN), HIP_FILL_0, "_mask_topk_ids_padded_region(topk_ids, num_token_non_padded)")
+    text = _edit(
+        _source(MAIN), HIP_FILL_0, "_mask_topk_ids_padded_region(topk_ids, num_token_non_padded)"
+    )
     assert classify_source(text) == "unknown"
 
 
 def test_ids_masked_but_weights_never_zeroed_is_unknown() -> None:
-    text = _edit(_source(MAIN), TAIL_ZERO, TAIL_ZERO.replace("_zero_topk_weights_padded_region(", "pass  # (", 1))
+    text = _edit(
+        _source(MAIN),
+        TAIL_ZERO,
+        TAIL_ZERO.replace("_zero_topk_weights_padded_region(", "pass  # (", 1),
+    )
     report = analyze_source(text)
     assert report.form == "unknown"
     assert "never zeroes" in report.reason
@@ -99,7 +105,11 @@ def test_guard_through_a_variable_is_still_the_guard_form() -> None:
 
 
 def test_negated_guard_is_unknown() -> None:
-    text = _edit(_source(GUARD), "        if _eplb_remap_enabled():\n", "        if not _eplb_remap_enabled():\n")
+    text = _edit(
+        _source(GUARD),
+        "        if _eplb_remap_enabled():\n",
+        "        if not _eplb_remap_enabled():\n",
+    )
     assert classify_source(text) == "unknown"
 
 
@@ -112,7 +122,11 @@ def test_moving_the_mask_out_of_the_guard_gives_fixed() -> None:
         f"            {HIP_FILL_0}\n"
     )
     text = _edit(guard, inner, "")
-    text = _edit(text, "        if _eplb_remap_enabled():\n", f"        {HIP_FILL_0}\n        if _eplb_remap_enabled():\n")
+    text = _edit(
+        text,
+        "        if _eplb_remap_enabled():\n",
+        f"        {HIP_FILL_0}\n        if _eplb_remap_enabled():\n",
+    )
     assert classify_source(text) == "fixed"
 
 
@@ -125,9 +139,23 @@ def test_weights_only_details() -> None:
 
 
 def test_dropping_the_hip_branch_gives_no_hip_handling() -> None:
-    text = _source(WEIGHTS).replace("_is_hip", "_is_hip_disabled_for_test")
+    """Both HIP branches handed to another platform's flag: nothing is left for HIP."""
+    text = _source(WEIGHTS).replace("    elif _is_hip:\n", "    elif _is_npu:\n")
+    text = _edit(
+        text, "    if _is_hip:\n        # Shared-expert", "    if _is_npu:\n        # Shared-expert"
+    )
     assert text != _source(WEIGHTS)
     assert classify_source(text) == "no-hip-handling"
+
+
+def test_a_renamed_hip_flag_is_still_the_hip_branch() -> None:
+    """The module's `_is_hip` renamed (still bound to `is_hip()`): the branches it guards
+    are what a HIP process runs, so the form does not change."""
+    text = _source(WEIGHTS).replace("_is_hip", "_on_rocm")
+    assert "_is_hip" not in text
+    report = analyze_source(text)
+    assert report.form == "weights-only", report.reason
+    assert report.hip_flags == ("_on_rocm",)
 
 
 @functools.cache
