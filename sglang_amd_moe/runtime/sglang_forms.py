@@ -863,7 +863,7 @@ class _Path:
             elif (
                 isinstance(expr, ast.Call)
                 and isinstance(expr.func, ast.Attribute)
-                and expr.func.attr in ("contiguous", "view", "reshape", "view_as")
+                and expr.func.attr in _VIEWS
             ):
                 expr = expr.func.value
             else:
@@ -1020,6 +1020,9 @@ _INPLACE = frozenset(
     {"masked_fill_", "index_fill_", "fill_", "zero_", "copy_", "masked_scatter_", "index_put_"}
 )
 _NO_CONST = object()
+# Methods giving the same tensor (a view) or a copy with the same padded rows.
+_VIEWS = frozenset({"view", "reshape", "view_as", "contiguous"})
+_COPIES = frozenset({"clone", "to", "int", "long", "type", "detach"})
 
 
 class _TooManyPaths(Exception):
@@ -1153,6 +1156,13 @@ class _Reader:
         """Tensors a value yields, one entry per element (None: not tracked)."""
         if isinstance(value, ast.Call) and id(value) in p.produced:
             return p.produced[id(value)]
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and value.func.attr in _COPIES
+        ):
+            src = p.tensor(value.func.value)
+            return (p.new_obj(p.objs[src]) if src is not None else None,)
         if isinstance(value, ast.Tuple | ast.List):
             return tuple(p.tensor(e) for e in value.elts)
         if isinstance(value, ast.IfExp):
