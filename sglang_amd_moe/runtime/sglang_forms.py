@@ -1361,7 +1361,7 @@ class _Reader:
                 continue
             r = q.ret if q.end == "return" else (None,)
             q.end, q.ret = "", None
-            q.scope, q.callers = q.callers[-1], q.callers[:-1]
+            q.scope, q.callers = q.callers[-1].copy(), q.callers[:-1]
             q.produced = {**produced, id(c): r}
             out.append(q)
         return _merge(out) if len(out) > 1 else out
@@ -1559,10 +1559,18 @@ def _judge(paths: list[_Path], has_count: bool) -> _Verdict:
 
 
 def _where(p: _Path | None) -> str:
+    """The path's conditions that say something in a reason: EPLB on or off, and up
+    to two plain conditions (merged alternatives are left out)."""
     if p is None:
         return ""
-    conds = [s for s in (_show(c) for c in p.cons) if s]
-    return f" (when {' and '.join(conds[:3])})" if conds else ""
+    words = []
+    on = _satisfiable((*p.cons, _atom(_EPLB)))
+    off = _satisfiable((*p.cons, _not(_atom(_EPLB))))
+    if on != off:
+        words.append("EPLB on" if on else "EPLB off")
+    plain = [c for c in p.cons if c[0] == "atom" or (c[0] == "not" and c[1][0] == "atom")]
+    words += [_show(c) for c in plain if _EPLB not in _atoms(c, set())][:2]
+    return f" (when {' and '.join(words)})" if words else ""
 
 
 def _show(f: tuple) -> str:

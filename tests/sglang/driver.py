@@ -340,8 +340,9 @@ class Eplb:
         meta = el.ExpertLocationMetadata(**{k: v for k, v in kw.items() if k in fields})
         try:
             el.set_global_expert_location_metadata(meta, allow_overwrite=True)
-        except TypeError:
-            el.set_global_expert_location_metadata(meta)
+        except TypeError:  # releases that set it once per process
+            if el.get_global_expert_location_metadata() is None:
+                el.set_global_expert_location_metadata(meta)
         return self.Info.init_new(layer_id=0)
 
 
