@@ -951,6 +951,10 @@ class _Evaluator:
                     return TRUE if isinstance(e.ops[0], ast.IsNot) else FALSE
         if isinstance(e, ast.Attribute) and e.attr == "hip":
             return TRUE
+        if isinstance(e, ast.Compare) and len(e.ops) == 1:
+            folded = self._fold(e)
+            if folded is not None:
+                return TRUE if folded else FALSE
         if isinstance(e, ast.Call):
             name = call_name(e)
             if name in _HIP_CALLS and not e.args:
@@ -965,6 +969,29 @@ class _Evaluator:
         if any(isinstance(n, ast.Attribute) and n.attr in EPLB_SETTINGS for n in ast.walk(e)):
             return _atom(_EPLB)
         return _atom(_short(e, 200))
+
+    def _fold(self, e: ast.Compare) -> bool | None:
+        """A comparison of two known constants (``fill_value == -1`` with the fill
+        known), else None."""
+        left = self.const(e.left, _NO_CONST)
+        right = self.const(e.comparators[0], _NO_CONST)
+        if left is _NO_CONST or right is _NO_CONST:
+            return None
+        ops = {
+            ast.Eq: lambda a, b: a == b,
+            ast.NotEq: lambda a, b: a != b,
+            ast.Lt: lambda a, b: a < b,
+            ast.LtE: lambda a, b: a <= b,
+            ast.Gt: lambda a, b: a > b,
+            ast.GtE: lambda a, b: a >= b,
+            ast.Is: lambda a, b: a is b,
+            ast.IsNot: lambda a, b: a is not b,
+        }
+        op = ops.get(type(e.ops[0]))
+        try:
+            return None if op is None else bool(op(left, right))
+        except TypeError:
+            return None
 
     def count_of(self, e: ast.expr | None) -> tuple:
         """Formula under which ``e`` is the padded-row count (a tensor, not None)."""

@@ -68,8 +68,10 @@ def variant_results(tmp_path_factory) -> dict[str, dict]:
         if rc != 0 or not out.exists():
             tail = (root / f"{label}.log").read_text(errors="replace")[-4000:]
             pytest.fail(f"variant runner for {label} exited {rc}:\n{tail}")
-        for rec in json.loads(out.read_text())["variants"]:
+        doc = json.loads(out.read_text())
+        for rec in doc["variants"]:
             _CACHE[rec["name"]] = rec
+        _CACHE.setdefault("__patch_checks__", {})[label] = doc.get("patch_checks", [])
     _CACHE["__wall_s__"] = {"s": round(time.perf_counter() - t0, 1)}
     (root / "variants.md").write_text(table(_CACHE))
     print(f"\nvariant table: {root / 'variants.md'}", file=sys.stderr)
@@ -161,3 +163,22 @@ def test_the_table_keeps_the_verdicts_apart(variant_results: dict) -> None:
         v for v in VARIANTS if v.base in _selected() and releases.BY_LABEL[v.base].is_built()
     ]
     assert len(shown) == len(expected)
+
+
+@pytest.mark.parametrize("label", ["0.5.12.post1", "0.5.13.post1", "0.5.14-mask-under-eplb-guard"])
+def test_a_patch_is_probed_before_it_is_offered(label: str, variant_results: dict) -> None:
+    """What the audit calls before it offers a patch (``sglang_probe.probe_source``), on
+    the real release: the shipped patch makes the function right; the same patch with
+    its added lines naming a parameter the function lacks still applies, and the probe
+    catches it."""
+    if label not in _selected():
+        pytest.skip(f"{label} not selected")
+    require_built(releases.BY_LABEL[label])
+    checks = {c["case"]: c for c in variant_results["__patch_checks__"][label]}
+    assert "error" not in checks, checks
+    shipped, broken = checks["as shipped"], checks["names a missing parameter"]
+    assert shipped["ran"] and shipped["correct"], shipped
+    assert shipped["classifier"] == "fixed"
+    assert broken["ran"] and not broken["correct"]
+    assert broken["classifier"] != "fixed"  # the source reader is not fooled either
+    assert any("NameError" in f for f in broken["findings"]), broken

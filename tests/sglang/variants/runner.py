@@ -218,6 +218,51 @@ def run_variant(
     return out
 
 
+def patch_checks(base_text: str, moe_dir: Path) -> list[dict]:
+    """The audit's check of a patch before offering it, on this release: the shipped
+    patch for its form, applied to its topk.py, probed (``sglang_probe.probe_source``);
+    and the same patch with its added lines naming a parameter the function does not
+    have (it still applies; every HIP call would raise NameError)."""
+    from sglang_amd_moe.diagnostics import patching
+    from sglang_amd_moe.runtime import sglang_probe
+    from sglang_amd_moe.runtime.sglang_forms import analyze_source
+
+    form = analyze_source(base_text).form
+    name = patching.patch_for("sglang", form)
+    if name is None:
+        return []
+    (moe_dir / "topk.py").write_text(base_text)
+    reset()
+    tk = importlib.import_module(TOPK)
+    patch = patching.read_patch(name)
+    patched = patching.apply_text(base_text, patch)
+    lines = patch.splitlines(True)
+    renamed = "".join(
+        ln.replace("num_token_non_padded", "num_tokens_unpadded") if ln.startswith("+    ") else ln
+        for ln in lines
+    )
+    out = []
+    for label, text in (
+        ("as shipped", patched),
+        ("names a missing parameter", patching.apply_text(base_text, renamed)),
+    ):
+        t = time.perf_counter()
+        result = sglang_probe.probe_source(tk, text)
+        out.append(
+            {
+                "patch": name,
+                "case": label,
+                "classifier": analyze_source(text).form,
+                "ran": result.ran,
+                "correct": result.correct,
+                "findings": list(result.findings[:3]),
+                "why": result.why,
+                "seconds": round(time.perf_counter() - t, 4),
+            }
+        )
+    return out
+
+
 def main(argv: list[str]) -> int:
     out_path, label, overlay, base_topk, *names = argv
     logs = driver.collect_logs()
@@ -238,10 +283,19 @@ def main(argv: list[str]) -> int:
                     "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}",
                 }
             )
-    (moe_dir / "topk.py").write_text(base_text)
     for name in written:
         (moe_dir / name).unlink(missing_ok=True)
-    doc = {"label": label, "wall_s": round(time.perf_counter() - t0, 2), "variants": results}
+    try:
+        checks = patch_checks(base_text, moe_dir) if not names else []
+    except BaseException as exc:
+        checks = [{"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}]
+    (moe_dir / "topk.py").write_text(base_text)
+    doc = {
+        "label": label,
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "variants": results,
+        "patch_checks": checks,
+    }
     Path(out_path).write_text(json.dumps(doc, indent=1))
     return 0
 
