@@ -145,8 +145,9 @@ def test_variant(variant: Variant, variant_results: dict) -> None:
         assert r["our_layers_after"] == 0
     # What upstream alone does is what the variant claims (so the variant tests something).
     assert r["bare"]["right"] is exp.bare_right, r["bare"]["wrong"]
-    # With the plugin: right.
+    # With the plugin: right, and the audit's view of this process (observe) says so.
     assert r["hooked"]["right"], r["hooked"]["wrong"]
+    assert r["observe"] is not None and r["observe"]["correct"] is (exp.state != "refused" or exp.bare_right)
 
 
 def test_every_base_release_has_variants() -> None:

@@ -214,6 +214,8 @@ def run_variant(
     batch.fn = None
     out["hooked"] = drive(batch, eplb)
     out["our_layers_after"] = our_layers(tk._post_process_topk_ids)
+    seen = sglang_hook.observe()  # what the audit asks: the call as it runs now
+    out["observe"] = None if seen is None else {"correct": seen.correct, "behaviour": seen.behaviour}
     out["timings"]["total"] = round(time.perf_counter() - t0, 3)
     return out
 
