@@ -675,7 +675,10 @@ class _ModuleInfo:
                         isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
                         and item.name == value.attr
                     ):
-                        how = f"{owner}.{value.attr} (method at line {item.lineno}), bound at line {lineno}{ctx}"
+                        how = (
+                            f"{owner}.{value.attr} (method at line {item.lineno}), "
+                            f"bound at line {lineno}{ctx}"
+                        )
                         return (_Candidate("def", how, item),)
             for c in self.bindings.get(owner, ()):
                 if c.kind == "imported" or c.kind == "opaque":
@@ -1568,7 +1571,8 @@ def _judge(paths: list[_Path], has_count: bool) -> _Verdict:
             )
         return _Verdict(
             "fixed",
-            "on every HIP path padded ids are filled with 0 before the EPLB-gated remap, weights zeroed",
+            "on every HIP path padded ids are filled with 0 before the EPLB-gated remap, "
+            "weights zeroed",
             True,
             True,
         )

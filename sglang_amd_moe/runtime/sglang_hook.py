@@ -323,7 +323,8 @@ def install() -> HookStatus:
             result = _status(
                 "error",
                 None,
-                f"sglang-amd-moe: hooking {TARGET} failed ({type(exc).__name__}: {exc}); SGLang left untouched",
+                f"sglang-amd-moe: hooking {TARGET} failed ({type(exc).__name__}: {exc}); "
+                "SGLang left untouched",
             )
         _announce(result)
         return result
@@ -428,7 +429,71 @@ def _announce(new: HookStatus) -> None:
 # --- install ---------------------------------------------------------------------------
 
 
+@dataclass
+class _Facts:
+    """What :func:`_read` found out about this process's SGLang."""
+
+    head: str  # "sglang-amd-moe: sglang <version> _post_process_topk_ids"
+    detail: dict[str, Any]  # HookStatus.detail, filled as the decision goes
+    file_report: FormReport
+    module: types.ModuleType
+    live: Callable[..., Any]  # what the module binds now (wrappers included)
+    upstream: Callable[..., Any]  # under every wrapper
+    inputs: Inputs
+    predicates: tuple[str, ...]
+
+
 def _install_locked() -> HookStatus:
+    facts = _read()
+    if isinstance(facts, HookStatus):
+        return facts
+    decision = decide(facts.inputs)
+    form = form_of(facts.inputs)
+    notes = _notes(facts, form)
+    if isinstance(decision, Refusal):
+        facts.detail["plan"] = None
+        return _final(facts, decision.state, form, decision.reason, notes)
+    try:
+        from sglang_amd_moe.kernels import mask_padded_rows_
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        why = f"sglang_amd_moe.kernels.mask_padded_rows_ unavailable ({type(exc).__name__}: {exc})"
+        return _final(facts, "error", form, f"{why}; SGLang left untouched", notes)
+    call = _checked_call(facts, decision, mask_padded_rows_)
+    if isinstance(call, str):
+        return _final(
+            facts,
+            "refused",
+            form,
+            f"refused: no plan makes it right ({call}); SGLang left untouched",
+            notes,
+        )
+    facts.detail["plan"] = dataclasses.asdict(call.plan)
+    _state.active, _state.call_error_logged = (call, _LiveEnv(call)), False
+    try:
+        how = "already hooked" if is_live() else _apply(facts.module, facts.live)
+    except BaseException:
+        _state.active = None
+        raise
+    facts.detail["applied"] = how or "HookRegistry (inside load_plugins)"
+    if call.plan.verify:
+        notes.append("SGLANG_AMD_MOE_VERIFY=1: padded rows checked after every call")
+    if how:
+        notes.append(how)
+    return _final(facts, "live" if is_live() else "pending", form, call.plan.describe(form), notes)
+
+
+def _final(facts: _Facts, state: str, form: str, action: str, notes: list[str]) -> HookStatus:
+    return _status(
+        state, form, f"{facts.head} form={form} -> {action}{_bracket(notes)}", **facts.detail
+    )
+
+
+def _read() -> _Facts | HookStatus:
+    """Everything the decision rests on, or the status that ends it early (disabled, not
+    ROCm, no SGLang, a file that reads fixed while topk is not imported, an import that
+    fails, no function)."""
     if _env.disabled():
         return _status(
             "off", None, "sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked"
@@ -436,145 +501,97 @@ def _install_locked() -> HookStatus:
     allowed, why = _env.platform_reason()
     if not allowed:
         return _status("off", None, f"sglang-amd-moe: {why}; nothing hooked")
-    version = _sglang_version()
-    path = _topk_path()
+    version, path = _sglang_version(), _topk_path()
     head = f"sglang-amd-moe: sglang {version} {FUNCTION_NAME}"
-    where = {"version": version, "path": str(path) if path else ""}
+    detail: dict[str, Any] = {"version": version, "path": str(path) if path else ""}
     if path is None:
         return _status(
             "not-needed",
             "absent",
             f"{head} form=absent -> {TOPK_MODULE} not found; nothing hooked",
-            **where,
+            **detail,
         )
     file_report = analyze_source(path.read_text(encoding="utf-8"))
+    detail["file"] = _report_detail(file_report)
     verify = _env.verify()
-    where["file"] = _report_detail(file_report)
     # Not imported yet: the file decides whether importing it is worth it at all. Already
-    # imported: the running function decides (below), whatever the file says.
-    if TOPK_MODULE not in sys.modules:
-        if file_report.form == "absent":
-            return _status(
-                "not-needed",
-                "absent",
-                f"{head} form=absent -> {ACTIONS['absent']} ({path})",
-                **where,
-            )
-        if file_report.form == "fixed" and not verify:
-            return _status(
-                "not-needed",
-                "fixed",
-                f"{head} form=fixed -> {ACTIONS['fixed']}",
-                probe={
-                    "ran": False,
-                    "why": "topk is not imported in this process and its file reads as fixed",
-                },
-                **where,
-            )
+    # imported: the running function decides, whatever the file says.
+    if TOPK_MODULE not in sys.modules and (
+        file_report.form == "absent" or (file_report.form == "fixed" and not verify)
+    ):
+        form = file_report.form
+        detail["probe"] = {
+            "ran": False,
+            "why": "topk is not imported in this process; its file decides",
+        }
+        where = f" ({path})" if form == "absent" else ""
+        return _status(
+            "not-needed", form, f"{head} form={form} -> {ACTIONS[form]}{where}", **detail
+        )
     try:
         mod = importlib.import_module(TOPK_MODULE)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - SystemExit from an import included
-        return _status(
-            "error",
-            file_report.form,
-            f"{head} form={file_report.form} -> cannot import {TOPK_MODULE} "
-            f"({type(exc).__name__}: {exc}); SGLang left untouched",
-            **where,
-        )
+        form = file_report.form
+        text = f"cannot import {TOPK_MODULE} ({type(exc).__name__}: {exc}); SGLang left untouched"
+        return _status("error", form, f"{head} form={form} -> {text}", **detail)
     live = getattr(mod, FUNCTION_NAME, None)
     if not callable(live):
-        return _status(
-            "not-needed",
-            "absent",
-            f"{head} form=absent -> the imported module has no callable {FUNCTION_NAME} "
-            f"(its file {path} has form {file_report.form}); nothing hooked",
-            **where,
+        text = (
+            f"the imported module has no callable {FUNCTION_NAME} "
+            f"(its file {path} has form {file_report.form}); nothing hooked"
         )
+        return _status("not-needed", "absent", f"{head} form=absent -> {text}", **detail)
     upstream = inspect.unwrap(live)
     report, live_path = _live_report(upstream, mod, path, file_report)
-    where["classifier"] = _report_detail(report)
+    detail["classifier"] = _report_detail(report)
     if live_path and live_path != str(path):
-        where["path"] = live_path
+        detail["path"] = live_path
     predicates = tuple(sorted(REMAP_PREDICATES | ({report.remap_predicate} - {""})))
     observed = probe(upstream, hip_flags=report.hip_flags, predicates=predicates)
-    where["probe"] = _probe_detail(observed)
+    detail["probe"] = _probe_detail(observed)
     try:
         params: tuple[str, ...] | None = tuple(inspect.signature(live).parameters)
     except (TypeError, ValueError):
         params = None
     inputs = Inputs(report, observed, params, callable(getattr(mod, _REMAP, None)), verify)
-    form = form_of(inputs)
-    decision = decide(inputs)
-    head = f"{head} form={form}"
-    notes = _notes(inputs, form, file_report, str(path), where["path"])
-    if isinstance(decision, Refusal):
-        where["plan"] = None
-        return _status(
-            decision.state, form, f"{head} -> {decision.reason}{_bracket(notes)}", **where
-        )
-    plan = decision
-    where["plan"] = dataclasses.asdict(plan)
-    try:
-        from sglang_amd_moe.kernels import mask_padded_rows_
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: BLE001
-        return _status(
-            "error",
-            form,
-            f"{head} -> sglang_amd_moe.kernels.mask_padded_rows_ unavailable "
-            f"({type(exc).__name__}: {exc}); SGLang left untouched",
-            **where,
-        )
-    call = _make_call(plan, mod, live, mask_padded_rows_, report.hip_flags, predicates)
-    if _observed(observed) and plan.pre_mask:
-        # Keep a plan only if the hooked call, probed the same way, comes out right.
-        tried = []
-        for candidate in alternatives(plan):
-            call = _make_call(candidate, mod, live, mask_padded_rows_, report.hip_flags, predicates)
-            checked = probe(
-                upstream,
-                hip_flags=call.hip_flags,
-                predicates=predicates,
-                wrap=_wrap_for_probe(call),
-            )
-            tried.append(_probe_detail(checked))
-            if checked.correct:
-                break
-        where["probe_hooked"] = tried
-        if not checked.correct:
-            why = "; ".join(checked.findings[:3]) or checked.why
-            return _status(
-                "refused",
-                form,
-                f"{head} -> refused: no plan makes it right ({why}); SGLang left untouched{_bracket(notes)}",
-                **where,
-            )
-        plan = call.plan
-        where["plan"] = dataclasses.asdict(plan)
-    _state.active = (call, _LiveEnv(call))
-    _state.call_error_logged = False
-    how = "already hooked" if is_live() else _apply(mod, live)
-    state = "live" if is_live() else "pending"
-    where["applied"] = how or "HookRegistry (inside load_plugins)"
-    if verify:
-        notes.append("SGLANG_AMD_MOE_VERIFY=1: padded rows checked after every call")
-    if how:
-        notes.append(how)
-    return _status(state, form, f"{head} -> {plan.describe(form)}{_bracket(notes)}", **where)
+    return _Facts(head, detail, file_report, mod, live, upstream, inputs, predicates)
 
 
-def _notes(
-    inputs: Inputs, form: str, file_report: FormReport, path: str, live_path: str
-) -> list[str]:
+def _checked_call(facts: _Facts, plan: Plan, mask: Callable[..., None]) -> _Call | str:
+    """The call for ``plan``, or for the first of its :func:`alternatives` whose hooked
+    call the probe finds right; a string saying what stayed wrong when none is. Without
+    a usable observation (the probe could not run it here) the plan stands as decided."""
+    flags = facts.inputs.report.hip_flags
+    call = _make_call(plan, facts.module, facts.live, mask, flags, facts.predicates)
+    if not (_observed(facts.inputs.observed) and plan.pre_mask):
+        return call
+    tried = []
+    for candidate in alternatives(plan):
+        call = _make_call(candidate, facts.module, facts.live, mask, flags, facts.predicates)
+        checked = probe(
+            facts.upstream,
+            hip_flags=call.hip_flags,
+            predicates=facts.predicates,
+            wrap=_wrap_for_probe(call),
+        )
+        tried.append(_probe_detail(checked))
+        facts.detail["probe_hooked"] = tried
+        if checked.correct:
+            return call
+    return "; ".join(checked.findings[:3]) or checked.why
+
+
+def _notes(facts: _Facts, form: str) -> list[str]:
     """What the one log line adds in brackets: disagreements and unrecognised code."""
-    report, obs = inputs.report, inputs.observed
+    report, obs = facts.inputs.report, facts.inputs.observed
+    live_path, file_report = facts.detail["path"], facts.file_report
     notes = []
-    if live_path and live_path != path and report.form != file_report.form:
+    if report.form != file_report.form:
         notes.append(
-            f"the running function (from {live_path}) reads as {report.form}, its module file as {file_report.form}"
+            f"the running function (from {live_path}) reads as {report.form}, "
+            f"its module's file as {file_report.form}"
         )
     if _observed(obs) and obs is not None and obs.behaviour != report.form:
         notes.append(
@@ -585,7 +602,7 @@ def _notes(
         notes.append(f"{obs.summary()}; decided from the source")
     if "unknown" in (form, report.form):
         notes.append(
-            f"unrecognised function in {live_path or path} line {report.lineno}, "
+            f"unrecognised function in {live_path} line {report.lineno}, "
             f"sha256 {report.function_sha256}: {report.reason}"
         )
     if _observed(obs) and obs is not None and obs.touched_cuda:
@@ -882,7 +899,8 @@ def _run(call: _Call, env: Any, original_fn: Callable[..., Any], args: tuple, kw
         except Exception:
             if not _state.call_error_logged:
                 logger.exception(
-                    "sglang-amd-moe: padded-row mask after upstream failed; returning upstream's result"
+                    "sglang-amd-moe: padded-row mask after upstream failed; "
+                    "returning upstream's result"
                 )
                 _state.call_error_logged = True
     elif plan.tail_mask and n is not None:
@@ -894,7 +912,8 @@ def _run(call: _Call, env: Any, original_fn: Callable[..., Any], args: tuple, kw
         except Exception:
             if not _state.call_error_logged:
                 logger.exception(
-                    "sglang-amd-moe: padded-row re-mask after upstream failed; returning upstream's result"
+                    "sglang-amd-moe: padded-row re-mask after upstream failed; "
+                    "returning upstream's result"
                 )
                 _state.call_error_logged = True
     if plan.verify and n is not None:

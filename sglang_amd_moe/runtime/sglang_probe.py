@@ -426,7 +426,8 @@ def _observe(torch, scenario, out_ids, out_w, real_ids, real_w, info, record) ->
     findings: list[str] = []
     if tuple(out_ids.shape) != (ROWS, TOPK) or tuple(out_w.shape) != (ROWS, TOPK):
         findings.append(
-            f"{scenario}: output shapes {tuple(out_ids.shape)}/{tuple(out_w.shape)}, not {(ROWS, TOPK)}"
+            f"{scenario}: output shapes {tuple(out_ids.shape)}/{tuple(out_w.shape)}, "
+            f"not {(ROWS, TOPK)}"
         )
         return Observation(
             scenario,
@@ -463,7 +464,8 @@ def _observe(torch, scenario, out_ids, out_w, real_ids, real_w, info, record) ->
         findings.append(f"{scenario}: padded weights not zero ({', '.join(vals)})")
     if real_state != want:
         findings.append(
-            f"{scenario}: real rows' ids {real_state.replace('-', ' ')}, want {want.replace('-', ' ')}"
+            f"{scenario}: real rows' ids {real_state.replace('-', ' ')}, "
+            f"want {want.replace('-', ' ')}"
         )
     if not w_same:
         findings.append(f"{scenario}: real rows' weights changed")

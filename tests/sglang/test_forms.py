@@ -329,7 +329,11 @@ def test_a_helper_the_body_moved_into_is_followed() -> None:
         "    if _eplb_remap_enabled():\n        ids = topk_ids_logical_to_physical(ids, info)\n"
         "    _zero_topk_weights_padded_region(weights, n)\n    return ids\n"
     )
-    body = "    elif _is_hip:\n        topk_ids = _hip_rows(topk_ids, topk_weights, num_token_non_padded, expert_location_dispatch_info)\n"
+    body = (
+        "    elif _is_hip:\n        topk_ids = _hip_rows(\n"
+        "            topk_ids, topk_weights, num_token_non_padded, expert_location_dispatch_info\n"
+        "        )\n"
+    )
     assert classify_source(_syn("fixed", body) + helper) == "fixed"
     broken = helper.replace("_mask_topk_ids_padded_region(ids, n, fill_value=0)", "pass")
     assert classify_source(_syn("fixed", body) + broken) == "unknown"

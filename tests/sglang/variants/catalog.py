@@ -407,7 +407,8 @@ VARIANTS: list[Variant] = [
     Variant(
         "count-renamed",
         GUARD,
-        "num_token_non_padded renamed: the plugin cannot find the count and refuses; upstream is right",
+        "num_token_non_padded renamed: the plugin cannot find the count and refuses; "
+        "upstream is right",
         on_fixed14(count_renamed),
         Expect("unknown", None, "refused", **RIGHT),
         count_param="num_real_rows",
@@ -459,7 +460,8 @@ VARIANTS: list[Variant] = [
     Variant(
         "mi355-not-gfx95",
         V23,
-        "`elif _is_hip and not _is_gfx95:` on an MI355: HIP falls to the generic branch (-1 fill, remap whatever EPLB says)",
+        "`elif _is_hip and not _is_gfx95:` on an MI355: HIP falls to the generic branch "
+        "(-1 fill, remap whatever EPLB says)",
         on(lambda t: not_gfx95(t, mi355=True)),
         Expect("unknown", "unknown", "live", "own", post_mask=True),
     ),

@@ -215,7 +215,10 @@ def run_variant(
     out["hooked"] = drive(batch, eplb)
     out["our_layers_after"] = our_layers(tk._post_process_topk_ids)
     seen = sglang_hook.observe()  # what the audit asks: the call as it runs now
-    out["observe"] = None if seen is None else {"correct": seen.correct, "behaviour": seen.behaviour}
+    if seen is not None:
+        out["observe"] = {"correct": seen.correct, "behaviour": seen.behaviour}
+    else:
+        out["observe"] = None
     out["timings"]["total"] = round(time.perf_counter() - t0, 3)
     return out
 
