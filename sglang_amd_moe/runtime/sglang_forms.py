@@ -341,32 +341,27 @@ def _not(f: tuple) -> tuple:
     return ("not", f)
 
 
-def _and(*fs: tuple) -> tuple:
+def _join(tag: str, fs: tuple[tuple, ...]) -> tuple:
+    """``and``/``or`` of ``fs``, flattened, constants folded, repeats dropped."""
+    stop, skip = (FALSE, TRUE) if tag == "and" else (TRUE, FALSE)
     out: list[tuple] = []
     for f in fs:
-        if f == FALSE:
-            return FALSE
-        if f == TRUE:
-            continue
-        out.extend(f[1:] if f[0] == "and" else [f])
+        if f == stop:
+            return stop
+        if f != skip:
+            out.extend(f[1:] if f[0] == tag else [f])
     uniq = tuple(dict.fromkeys(out))
     if not uniq:
-        return TRUE
-    return uniq[0] if len(uniq) == 1 else ("and", *uniq)
+        return skip
+    return uniq[0] if len(uniq) == 1 else (tag, *uniq)
+
+
+def _and(*fs: tuple) -> tuple:
+    return _join("and", fs)
 
 
 def _or(*fs: tuple) -> tuple:
-    out: list[tuple] = []
-    for f in fs:
-        if f == TRUE:
-            return TRUE
-        if f == FALSE:
-            continue
-        out.extend(f[1:] if f[0] == "or" else [f])
-    uniq = tuple(dict.fromkeys(out))
-    if not uniq:
-        return FALSE
-    return uniq[0] if len(uniq) == 1 else ("or", *uniq)
+    return _join("or", fs)
 
 
 def _atoms(f: tuple, into: set[str]) -> set[str]:
@@ -1204,26 +1199,10 @@ class _Reader:
         sc = p.scope
         ev = _Evaluator(self.info, p)
         if isinstance(target, ast.Name):
-            name = target.id
-            for d in (sc.names, sc.values, sc.counts, sc.consts):
-                d.pop(name, None)
-            sc.derived.discard(name)
             oid = result[0] if len(result) == 1 else None
-            if oid is not None:
-                sc.names[name] = oid
-                return
-            if isinstance(value, ast.Call) and id(value) in p.produced:
-                return  # a tensor we do not follow
-            cnt = ev.count_of(value)
-            if cnt != FALSE:
-                sc.counts[name] = cnt
-            const = ev.const(value, _NO_CONST)
-            if const is not _NO_CONST:
-                sc.consts[name] = const
-            else:
-                sc.values[name] = ev.truth(value)
-            if ev.mentions_count(value):
-                sc.derived.add(name)
+            # A call that produced a tensor we do not follow binds nothing we know.
+            unknown = oid is None and isinstance(value, ast.Call) and id(value) in p.produced
+            _bind_value(sc, target.id, value, ev, oid, unknown)
             return
         if isinstance(target, ast.Tuple | ast.List):
             n = len(target.elts)
@@ -1347,22 +1326,7 @@ class _Reader:
                 scope.consts[kw.arg] = v
 
         def put(pname: str, a: ast.expr) -> None:
-            for dct in (scope.names, scope.values, scope.counts, scope.consts):
-                dct.pop(pname, None)
-            oid = p.tensor(a)
-            if oid is not None:
-                scope.names[pname] = oid
-                return
-            cnt = ev.count_of(a)
-            if cnt != FALSE:
-                scope.counts[pname] = cnt
-            v = ev.const(a, _NO_CONST)
-            if v is not _NO_CONST:
-                scope.consts[pname] = v
-            else:
-                scope.values[pname] = ev.truth(a)
-            if ev.mentions_count(a):
-                scope.derived.add(pname)
+            _bind_value(scope, pname, a, ev, p.tensor(a), False)
 
         for i, a in enumerate(c.args):
             if isinstance(a, ast.Starred):
@@ -1458,6 +1422,32 @@ class _Reader:
         t = p.objs[src]
         garbage = t.remap_on_garbage or t.pad != "clean"
         return p.new_obj(dataclasses.replace(t, remaps=t.remaps + 1, remap_on_garbage=garbage))
+
+
+def _bind_value(
+    scope: _Scope, name: str, value: ast.expr, ev: _Evaluator, oid: int | None, unknown: bool
+) -> None:
+    """Bind ``name`` in ``scope`` to what ``value`` is (evaluated in the caller's path):
+    a tracked tensor, the count (under a formula), a constant or a truth formula, and
+    whether it is computed from the count. ``unknown``: forget the name only."""
+    for d in (scope.names, scope.values, scope.counts, scope.consts):
+        d.pop(name, None)
+    scope.derived.discard(name)
+    if oid is not None:
+        scope.names[name] = oid
+        return
+    if unknown:
+        return
+    cnt = ev.count_of(value)
+    if cnt != FALSE:
+        scope.counts[name] = cnt
+    const = ev.const(value, _NO_CONST)
+    if const is not _NO_CONST:
+        scope.consts[name] = const
+    else:
+        scope.values[name] = ev.truth(value)
+    if ev.mentions_count(value):
+        scope.derived.add(name)
 
 
 def _judge(paths: list[_Path], has_count: bool) -> _Verdict:

@@ -625,14 +625,10 @@ def _report_detail(r: FormReport) -> dict[str, Any]:
 
 
 def _probe_detail(p: ProbeResult) -> dict[str, Any]:
-    return {
-        "ran": p.ran,
-        "why": p.why,
-        "correct": p.correct,
-        "behaviour": p.behaviour,
-        "findings": list(p.findings),
-        "seconds": round(p.seconds, 4),
-    }
+    """The probe's result without its per-scenario observations."""
+    out = {k: v for k, v in dataclasses.asdict(p).items() if k != "observations"}
+    out["seconds"] = round(p.seconds, 4)
+    return out
 
 
 def _make_call(
@@ -888,37 +884,28 @@ def _run(call: _Call, env: Any, original_fn: Callable[..., Any], args: tuple, kw
                 ids = env.remap(ids, info)
                 call_args, call_kwargs = _set(call, "topk_ids", ids, call_args, call_kwargs)
     except Exception:
-        if not _state.call_error_logged:
-            logger.exception("sglang-amd-moe: padded-row guard failed; calling upstream unchanged")
-            _state.call_error_logged = True
+        _log_call_failure("padded-row guard failed; calling upstream unchanged")
         call_args, call_kwargs = args, kwargs
     out = original_fn(*call_args, **call_kwargs)
-    if plan.post_mask and n is not None:
-        try:
-            call.mask(out[0], out[1], n, fill_value=0)
-        except Exception:
-            if not _state.call_error_logged:
-                logger.exception(
-                    "sglang-amd-moe: padded-row mask after upstream failed; "
-                    "returning upstream's result"
-                )
-                _state.call_error_logged = True
-    elif plan.tail_mask and n is not None:
+    if n is not None and (plan.post_mask or plan.tail_mask):
         try:
             out_ids, out_weights = out[0], out[1]
-            if out_weights is not weights or out_ids.shape != ids.shape:
-                # A shared-expert append (or a remap) built new tensors after our pre-mask.
+            # post_mask: on every call. tail_mask: when upstream built new tensors after
+            # our pre-mask (a shared-expert append, or a remap).
+            if plan.post_mask or out_weights is not weights or out_ids.shape != ids.shape:
                 call.mask(out_ids, out_weights, n, fill_value=0)
         except Exception:
-            if not _state.call_error_logged:
-                logger.exception(
-                    "sglang-amd-moe: padded-row re-mask after upstream failed; "
-                    "returning upstream's result"
-                )
-                _state.call_error_logged = True
+            _log_call_failure("padded-row mask after upstream failed; returning upstream's result")
     if plan.verify and n is not None:
         _verify(call, out, n, args, kwargs)  # raises by design: a debugging aid
     return out
+
+
+def _log_call_failure(text: str) -> None:
+    """A failure inside a hooked call: logged with its traceback once per process."""
+    if not _state.call_error_logged:
+        _state.call_error_logged = True
+        logger.exception("sglang-amd-moe: %s", text)
 
 
 def _verify(call: _Call, out: Any, n: Any, args: tuple, kwargs: dict) -> None:
