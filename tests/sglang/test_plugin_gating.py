@@ -25,11 +25,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch):
 
 
 def _summaries(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [
-        r
-        for r in caplog.records
-        if r.name == "sglang_amd_moe" and r.getMessage().startswith("sglang-amd-moe: ")
-    ]
+    return [r for r in caplog.records if r.name == "sglang_amd_moe" and r.getMessage().startswith("sglang-amd-moe: ")]
 
 
 def test_disable_turns_everything_off(fresh, caplog) -> None:
@@ -87,7 +83,4 @@ def test_install_never_raises(fresh, caplog) -> None:
         plugin.register()
     assert result.form == "error" and not result.hooked
     assert "simulated failure" in result.message and "SGLang left untouched" in result.message
-    assert any(
-        r.levelno == logging.WARNING and "simulated failure" in r.getMessage()
-        for r in caplog.records
-    )
+    assert any(r.levelno == logging.WARNING and "simulated failure" in r.getMessage() for r in caplog.records)

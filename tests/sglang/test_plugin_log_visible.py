@@ -21,9 +21,7 @@ logging.getLogger("sglang_amd_moe").info("after basicConfig")
 def test_info_line_printed_once_without_logging_config() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_")}
     env["SGLANG_AMD_MOE_DISABLE"] = "1"  # the same entry, without importing SGLang
-    out = subprocess.run(
-        [sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=120
-    )
+    out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = [x for x in out.stderr.splitlines() if "sglang_amd_moe" in x]
     assert sum("disabled by SGLANG_AMD_MOE_DISABLE=1" in x for x in lines) == 2, out.stderr
