@@ -253,66 +253,81 @@ def test_deleted_is_absent() -> None:
     assert classify_source(_syn("fixed") + "\ndel _post_process_topk_ids\n") == "absent"
 
 
+# Statements of a HIP branch, by what they do (the synthetic module's names).
+MASK = "_mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)"
+REMAP = "topk_ids = topk_ids_logical_to_physical(topk_ids, expert_location_dispatch_info)"
+ZERO = "_zero_topk_weights_padded_region(topk_weights, num_token_non_padded)"
+
+
+def _branch(header: str, *lines: str) -> str:
+    """A HIP branch: ``header`` (``elif ...:``) and its ``lines``, each ``>`` in front of
+    a line one more level of indentation."""
+    out = ["    " + header]
+    for line in lines:
+        text = line.lstrip(">")
+        out.append("    " * (2 + len(line) - len(text)) + text)
+    return "\n".join(out) + "\n"
+
+
 @pytest.mark.parametrize(
     ("name", "body", "form"),
     [
         (
             "guard clause returning before the mask",
-            "    elif _is_hip:\n        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)\n"
-            "        if not _eplb_remap_enabled():\n            return topk_ids, topk_weights\n"
-            "        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n"
-            "        topk_ids = topk_ids_logical_to_physical(topk_ids, expert_location_dispatch_info)\n",
+            _branch(
+                "elif _is_hip:",
+                ZERO,
+                "if not _eplb_remap_enabled():",
+                ">return topk_ids, topk_weights",
+                MASK,
+                REMAP,
+            ),
             "mask-under-eplb-guard",
         ),
         (
             "elif _is_hip and not _is_gfx95",
-            _syn("fixed")
-            .split("    elif _is_hip:\n")[1]
-            .join(["    elif _is_hip and not _is_gfx95:\n", ""])
-            .split("    return topk_ids")[0],
+            _branch(
+                "elif _is_hip and not _is_gfx95:",
+                MASK,
+                "if _eplb_remap_enabled():",
+                ">" + REMAP,
+                ZERO,
+            ),
             "unknown",
         ),
         (
             "is_hip() spelling",
-            "    elif is_hip():\n"
-            "        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n"
-            "        if _eplb_remap_enabled():\n"
-            "            topk_ids = topk_ids_logical_to_physical(topk_ids, expert_location_dispatch_info)\n"
-            "        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)\n",
+            _branch("elif is_hip():", MASK, "if _eplb_remap_enabled():", ">" + REMAP, ZERO),
             "fixed",
         ),
         (
             "annotated predicate variable",
-            "    elif _is_hip:\n        remap_on: bool = _eplb_remap_enabled()\n"
-            "        if remap_on:\n"
-            "            _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n"
-            "            topk_ids = topk_ids_logical_to_physical(topk_ids, expert_location_dispatch_info)\n"
-            "        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)\n",
+            _branch(
+                "elif _is_hip:",
+                "remap_on: bool = _eplb_remap_enabled()",
+                "if remap_on:",
+                ">" + MASK,
+                ">" + REMAP,
+                ZERO,
+            ),
             "mask-under-eplb-guard",
         ),
         (
             "predicate inlined on a settings object",
-            "    elif _is_hip:\n        args = get_global_server_args()\n"
-            "        if args.enable_eplb or args.ep_num_redundant_experts > 0:\n"
-            "            _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n"
-            "            topk_ids = topk_ids_logical_to_physical(topk_ids, expert_location_dispatch_info)\n"
-            "        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)\n",
+            _branch(
+                "elif _is_hip:",
+                "args = get_global_server_args()",
+                "if args.enable_eplb or args.ep_num_redundant_experts > 0:",
+                ">" + MASK,
+                ">" + REMAP,
+                ZERO,
+            ),
             "mask-under-eplb-guard",
         ),
-        (
-            "remap whatever EPLB says",
-            "    elif _is_hip:\n"
-            "        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n"
-            "        topk_ids = topk_ids_logical_to_physical(topk_ids, expert_location_dispatch_info)\n"
-            "        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)\n",
-            "unknown",
-        ),
+        ("remap whatever EPLB says", _branch("elif _is_hip:", MASK, REMAP, ZERO), "unknown"),
         (
             "remap before the fill",
-            "    elif _is_hip:\n        if _eplb_remap_enabled():\n"
-            "            topk_ids = topk_ids_logical_to_physical(topk_ids, expert_location_dispatch_info)\n"
-            "        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n"
-            "        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)\n",
+            _branch("elif _is_hip:", "if _eplb_remap_enabled():", ">" + REMAP, MASK, ZERO),
             "unknown",
         ),
     ],
@@ -343,7 +358,8 @@ def test_a_mask_helper_that_skips_hip_is_not_fixed() -> None:
     text = _edit(
         _syn("fixed"),
         "    if num_token_non_padded is None:\n        return\n    rows = torch.arange(topk_ids",
-        "    if num_token_non_padded is None or not _is_cuda:\n        return\n    rows = torch.arange(topk_ids",
+        "    if num_token_non_padded is None or not _is_cuda:\n"
+        "        return\n    rows = torch.arange(topk_ids",
     )
     assert classify_source(text) != "fixed"
 

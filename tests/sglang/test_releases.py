@@ -68,7 +68,8 @@ def _needs_topk(release, driven) -> None:
             if release.has_plugin_loader:
                 pytest.fail(f"{release.label}: sglang.srt.layers.moe.topk does not import: {err}")
             pytest.skip(
-                f"{release.label}: sglang.srt.layers.moe.topk does not import on this machine ({err})"
+                f"{release.label}: sglang.srt.layers.moe.topk does not import "
+                f"on this machine ({err})"
             )
 
 
@@ -170,8 +171,9 @@ def test_shared_expert_append_keeps_padded_rows_clean(release, driven) -> None:
     bare, plugin = driven["bare"], driven["plugin"]
     for data in (bare, plugin):
         if "error" in data["append"]:
+            failed = data["append"]
             pytest.fail(
-                f"aiter shared-expert append path failed: {data['append']['error']}\n{data['append']['tb']}"
+                f"aiter shared-expert append path failed: {failed['error']}\n{failed['tb']}"
             )
     out = plugin["append"]
     assert [len(r) for r in out["ids"]] == [K + 1] * 8  # the shared column was appended

@@ -135,7 +135,8 @@ def hip_first(text: str) -> str:
 def mask_inline(text: str) -> str:
     return edit(
         fixed14(text),
-        "    elif _is_hip:\n        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n",
+        "    elif _is_hip:\n"
+        "        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n",
         "    elif _is_hip:\n"
         "        if num_token_non_padded is not None:\n"
         "            _rows = torch.arange(topk_ids.shape[0], device=topk_ids.device)\n"
@@ -165,8 +166,10 @@ def def_in_try(text: str) -> str:
 def mask_helper_cuda_only(text: str) -> str:
     return edit(
         fixed14(text),
-        "    fill_value: int = -1,\n) -> None:\n    if num_token_non_padded is None:\n        return\n",
-        "    fill_value: int = -1,\n) -> None:\n    if num_token_non_padded is None or not _is_cuda:\n        return\n",
+        "    fill_value: int = -1,\n) -> None:\n    if num_token_non_padded is None:\n"
+        "        return\n",
+        "    fill_value: int = -1,\n) -> None:\n"
+        "    if num_token_non_padded is None or not _is_cuda:\n        return\n",
     )
 
 
@@ -175,7 +178,8 @@ def remap_unconditional(text: str) -> str:
         fixed14(text),
         "        if _eplb_remap_enabled():\n            topk_ids = topk_ids_logical_to_physical(\n"
         "                topk_ids, expert_location_dispatch_info\n            )\n",
-        "        topk_ids = topk_ids_logical_to_physical(topk_ids, expert_location_dispatch_info)\n",
+        "        topk_ids = topk_ids_logical_to_physical(\n"
+        "            topk_ids, expert_location_dispatch_info\n        )\n",
     )
 
 
@@ -230,7 +234,8 @@ def predicate_annotated(text: str) -> str:
     return edit(
         text,
         "        if _eplb_remap_enabled():\n            # On AMD HIP",
-        "        remap_on: bool = _eplb_remap_enabled()\n        if remap_on:\n            # On AMD HIP",
+        "        remap_on: bool = _eplb_remap_enabled()\n        if remap_on:\n"
+        "            # On AMD HIP",
     )
 
 
@@ -297,7 +302,8 @@ def override_under_if(text: str) -> str:
     override = edit(
         override,
         FIXED_HIP,
-        "    elif _is_hip:\n        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)\n",
+        "    elif _is_hip:\n"
+        "        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)\n",
     )
     tail = (
         "\n\n# The test machine is not HIP: make the override bind at import as a HIP one does.\n"
@@ -334,7 +340,10 @@ def weights_not_zeroed(text: str) -> str:
 
 
 def default_fill(text: str) -> str:
-    old = "            _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n        if ("
+    old = (
+        "            _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n"
+        "        if ("
+    )
     return edit(text, old, old.replace(", fill_value=0)", ")"))
 
 
