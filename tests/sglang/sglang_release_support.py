@@ -21,9 +21,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DRIVER = HERE / "driver.py"
-_spec = importlib.util.spec_from_file_location(
-    "_compat_releases", REPO / "tools" / "compat" / "releases.py"
-)
+_spec = importlib.util.spec_from_file_location("_compat_releases", REPO / "tools" / "compat" / "releases.py")
 releases = importlib.util.module_from_spec(_spec)
 sys.modules["_compat_releases"] = releases
 _spec.loader.exec_module(releases)
@@ -39,9 +37,7 @@ def selected_releases() -> tuple[list, bool]:
     labels = [x.strip() for x in raw.split(",") if x.strip()]
     unknown = [x for x in labels if x not in releases.BY_LABEL]
     if unknown:
-        raise pytest.UsageError(
-            f"{ENV_VAR}: unknown release label(s) {unknown}; known: {sorted(releases.BY_LABEL)}"
-        )
+        raise pytest.UsageError(f"{ENV_VAR}: unknown release label(s) {unknown}; known: {sorted(releases.BY_LABEL)}")
     return [releases.BY_LABEL[x] for x in labels], True
 
 
@@ -105,9 +101,7 @@ class DriverRun:
         data = json.loads(self.out.read_text())
         if data["errors"]:
             pytest.fail(
-                f"{self.rel.label} driver {self.mode} failed:\n"
-                + "\n".join(data["errors"])
-                + f"\n--- output\n{tail}"
+                f"{self.rel.label} driver {self.mode} failed:\n" + "\n".join(data["errors"]) + f"\n--- output\n{tail}"
             )
         return data
 
