@@ -25,7 +25,7 @@ _CACHE: dict[str, dict] = {}
 
 @pytest.fixture(scope="session")
 def driven(release, tmp_path_factory) -> dict:
-    """``{"bare": {...}, "plugin": {...}, "wall_s": ...}`` for ``release``."""
+    """``{"bare": DriverResult, "plugin": DriverResult, "wall_s": ...}`` for ``release``."""
     require_built(release)
     if release.label in _CACHE:
         return _CACHE[release.label]

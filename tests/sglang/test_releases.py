@@ -22,6 +22,7 @@ against the classifier on the installed source first):
 from __future__ import annotations
 
 import pytest
+from driver import DriverResult
 from sglang_release_support import (
     ENV_VAR,
     releases,
@@ -46,8 +47,10 @@ def _pad(rows: list) -> list:
     return rows[N_REAL:]
 
 
-def _summary_lines(data: dict) -> list[dict]:
-    return [r for r in data["logs"] if r["logger"] == "sglang_amd_moe" and r["msg"].startswith(SUMMARY)]
+def _summary_lines(data: DriverResult) -> list[dict]:
+    return [
+        r for r in data["logs"] if r["logger"] == "sglang_amd_moe" and r["msg"].startswith(SUMMARY)
+    ]
 
 
 def test_classifier_reads_installed_source(release) -> None:
@@ -64,7 +67,10 @@ def _needs_topk(release, driven) -> None:
         if err:
             if release.has_plugin_loader:
                 pytest.fail(f"{release.label}: sglang.srt.layers.moe.topk does not import: {err}")
-            pytest.skip(f"{release.label}: sglang.srt.layers.moe.topk does not import on this machine ({err})")
+            pytest.skip(
+                f"{release.label}: sglang.srt.layers.moe.topk does not import "
+                f"on this machine ({err})"
+            )
 
 
 def test_unpatched_release_passes_garbage_per_form(release, driven) -> None:
@@ -114,7 +120,11 @@ def test_plugin_hooks_exactly_the_broken_forms(release, driven) -> None:
     else:
         assert "no SGLang plugin framework in this release: patched directly" in lines[0]["msg"]
     if release.has_plugin_loader:
-        applied = [r for r in plugin["logs"] if r["msg"].startswith("Applied 1 hook(s) to sglang.srt.layers.moe.topk")]
+        applied = [
+            r
+            for r in plugin["logs"]
+            if r["msg"].startswith("Applied 1 hook(s) to sglang.srt.layers.moe.topk")
+        ]
         assert len(applied) == (1 if form in BROKEN else 0)
     assert plugin["is_live"] is (form in BROKEN)
     assert plugin["function_is_wrapped"] is (form in BROKEN)
@@ -161,7 +171,10 @@ def test_shared_expert_append_keeps_padded_rows_clean(release, driven) -> None:
     bare, plugin = driven["bare"], driven["plugin"]
     for data in (bare, plugin):
         if "error" in data["append"]:
-            pytest.fail(f"aiter shared-expert append path failed: {data['append']['error']}\n{data['append']['tb']}")
+            failed = data["append"]
+            pytest.fail(
+                f"aiter shared-expert append path failed: {failed['error']}\n{failed['tb']}"
+            )
     out = plugin["append"]
     assert [len(r) for r in out["ids"]] == [K + 1] * 8  # the shared column was appended
     for row_ids, row_w in zip(_pad(out["ids"]), _pad(out["w"]), strict=True):
@@ -185,9 +198,12 @@ def test_loading_twice_changes_nothing(release, driven) -> None:
     assert plugin["same_function_after_reload"] is True
     assert plugin["is_live_after_reload"] is (form in BROKEN)
     assert plugin["off_noargs_after_reload"]["ids"] == plugin["scenarios"]["off_noargs"]["ids"]
-    assert plugin["off_noargs_after_reload"]["w_bits"] == plugin["scenarios"]["off_noargs"]["w_bits"]
+    assert (
+        plugin["off_noargs_after_reload"]["w_bits"] == plugin["scenarios"]["off_noargs"]["w_bits"]
+    )
     assert len(_summary_lines(plugin)) == 1
     assert plugin["status"]["hooked"] is (form in BROKEN)
+    assert plugin["status"]["state"] == ("live" if form in BROKEN else "not-needed")
 
 
 def test_broken_upstream_logs_and_does_not_raise(release, driven) -> None:
@@ -199,7 +215,11 @@ def test_broken_upstream_logs_and_does_not_raise(release, driven) -> None:
     assert status["hooked"] is False
     # topk was imported, so the running module decides (not the file, whose form is `form`).
     assert status["form"] == "absent"
-    warned = [r for r in bare["logs"] if r["level"] == "WARNING" and "no callable _post_process_topk_ids" in r["msg"]]
+    warned = [
+        r
+        for r in bare["logs"]
+        if r["level"] == "WARNING" and "no callable _post_process_topk_ids" in r["msg"]
+    ]
     assert len(warned) == 1
     assert f"has form {form}" in warned[0]["msg"]
 
@@ -246,8 +266,12 @@ def test_unknown_form_gets_the_guard_and_a_warning_with_its_hash(tmp_path) -> No
     # First, SGLANG_PLUGINS naming another plugin: SGLang skipped ours, nothing installed.
     assert data["whitelist_load_raised"] is None
     assert data["whitelist_status"] is None
-    assert any(r["msg"] == "Skipping plugin sglang_amd_moe (not in SGLANG_PLUGINS)" for r in data["logs"])
-    assert data["tail_zero_found"] == 1, "the release's trailing weight zeroing moved: update TAIL_ZERO"
+    assert any(
+        r["msg"] == "Skipping plugin sglang_amd_moe (not in SGLANG_PLUGINS)" for r in data["logs"]
+    )
+    assert data["tail_zero_found"] == 1, (
+        "the release's trailing weight zeroing moved: update TAIL_ZERO"
+    )
     # Without the guard this function leaves NaN weights in padded rows.
     assert _pad(data["bare"]["w"]) == [["nan"] * K] * 3
     assert data["register_raised"] is None
