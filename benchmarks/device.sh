@@ -13,8 +13,9 @@
 # GPU_TESTS_ARGS pass options to tune.py, run.py and pytest.
 set -uo pipefail
 what=${1:-all}
-# Everything is written to $WORK and packed into one $OUT/device-results.tar.gz at the
-# end (the lent machine returns at most 8 files from $OUT).
+# The results JSON and the logs go to $OUT as they are written; the report, the plots
+# and the smaller files are packed into one $OUT/device-extras.tar.gz at the end (the lent
+# machine returns at most 8 files from $OUT, and what is there when a call is stopped).
 OUT=${OUT:-/tmp/out}
 WORK=${WORK:-/tmp/device-results}
 mkdir -p "$OUT" "$WORK"
@@ -41,8 +42,8 @@ rc=0
 gpu_tests() {
     # Run from outside the checkout so the installed wheel (with kernels/ mapped into
     # sglang_amd_moe.kernels) is imported, not the source folder.
-    (cd /tmp && python3 -m pytest -q -rA -p no:cacheprovider -n "$jobs" "$repo/tests/gpu" \
-        ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} ${GPU_TESTS_ARGS:-} >"$WORK/gpu-tests.log" 2>&1)
+    (cd /tmp && timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -rA -p no:cacheprovider -n "$jobs" "$repo/tests/gpu" \
+        ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} ${GPU_TESTS_ARGS:-} >"$OUT/gpu-tests.log" 2>&1)
 }
 if [ "$what" = tune ]; then
     (cd /tmp && timeout "${TUNE_TIMEOUT:-330}" python3 "$repo/benchmarks/tune.py" --out "$WORK/tune.json" ${TUNE_ARGS:-} \
@@ -58,7 +59,7 @@ if [ "$what" = tune ] || [ "$what" = profile ]; then
 fi
 if [ "$what" = tests ]; then
     gpu_tests || rc=1
-    tail -5 "$WORK/gpu-tests.log"
+    tail -5 "$OUT/gpu-tests.log"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     # Compile every kernel the benchmarks launch into Triton's disk cache in parallel
@@ -68,20 +69,23 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     if [ "$what" = all ]; then gpu_tests & test_pid=$!; fi
     warm_pids=()
     for i in $(seq 0 $((jobs - 1))); do
-        (cd /tmp && { python3 "$repo/benchmarks/run.py" --warm "$i/$jobs" \
-            && if [ "${SORT_TUNE:-0}" = 1 ]; then python3 "$repo/benchmarks/tune.py" --warm "$i/$jobs"; fi; } \
+        (cd /tmp && { timeout "${WARM_TIMEOUT:-300}" python3 "$repo/benchmarks/run.py" --warm "$i/$jobs" \
+            && if [ "${SORT_TUNE:-0}" = 1 ]; then timeout "${WARM_TIMEOUT:-300}" python3 "$repo/benchmarks/tune.py" --warm "$i/$jobs"; fi; } \
             >"/tmp/warm-$i.log" 2>&1 || { tail -20 "/tmp/warm-$i.log"; exit 1; }) &
         warm_pids+=($!)
     done
     for pid in "${warm_pids[@]}"; do wait "$pid" || rc=1; done
-    if [ -n "$test_pid" ]; then wait "$test_pid" || rc=1; tail -5 "$WORK/gpu-tests.log"; fi
-    (cd /tmp && python3 "$repo/benchmarks/run.py" --out "$WORK/h200.json" ${BENCH_ARGS:-} 2>&1 | tee "$WORK/bench.log") || rc=1
-    (cd /tmp && python3 "$repo/benchmarks/report.py" --results "$WORK/h200.json" \
+    echo "compiled in $SECONDS s"
+    if [ -n "$test_pid" ]; then wait "$test_pid" || rc=1; tail -5 "$OUT/gpu-tests.log"; fi
+    (cd /tmp && timeout "${BENCH_TIMEOUT:-400}" python3 "$repo/benchmarks/run.py" --out "$OUT/h200.json" \
+        ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log") || rc=1
+    (cd /tmp && python3 "$repo/benchmarks/report.py" --results "$OUT/h200.json" \
         --out "$WORK/benchmarks.md" --plots-dir "$WORK") || rc=1
     if [ "${SORT_TUNE:-0}" = 1 ]; then
-        (cd /tmp && python3 "$repo/benchmarks/tune.py" --only sort --out "$WORK/tune.json" 2>&1 \
-            | tee "$WORK/tune.log") || rc=1
+        (cd /tmp && timeout "${TUNE_TIMEOUT:-120}" python3 "$repo/benchmarks/tune.py" --only sort \
+            --out "$OUT/tune.json" 2>&1 | tee "$WORK/tune.log") || rc=1
     fi
 fi
-tar -czf "$OUT/device-results.tar.gz" -C "$WORK" . && ls -la "$WORK"
+tar -czf "$OUT/device-extras.tar.gz" -C "$WORK" . && ls -la "$WORK" "$OUT"
+echo "device.sh done in $SECONDS s"
 exit $rc

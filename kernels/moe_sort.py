@@ -92,7 +92,9 @@ SINGLE_MAX_ELEMS = 16384
 # every place program sums it itself (its chunk's offsets and the totals) and the
 # offsets kernel is not launched: a launch costs more than the redundant reads.
 INLINE_OFFSETS_MAX_ELEMS = 32768
-# Count-table entries one place program reads per step on the inline-offsets path.
+# Count-table entries one place program reads per step on the inline-offsets path, per
+# 4 warps: 8 entries per lane on AMD (64-lane waves), which keeps the place kernel at 8
+# waves per SIMD on gfx942/gfx950 (4096 per 4 warps needed about 90 VGPRs: 5 waves).
 INLINE_OFFSETS_TILE = 2048
 # Offsets kernel: it writes the running counts once per group of GROUP_CHUNKS chunks
 # (a table GROUP_CHUNKS times smaller than one row per chunk); each place program then
@@ -119,6 +121,9 @@ ZERO_TILE = 4096
 COUNT_NUM_WARPS = 8
 OFFSETS_NUM_WARPS = 4
 PLACE_NUM_WARPS = 4
+# On the inline-offsets path every place program reads the whole count table: 8 warps
+# share it (the tile per step keeps the registers per lane of 4 warps with half of it).
+INLINE_PLACE_NUM_WARPS = 8
 # The single-launch path compares a [next_pow2(NE + 1), pairs] tile in one program: more
 # warps share it (measured faster on an H200 at M = 1, NE 513 and 896).
 SINGLE_NUM_WARPS = 8
@@ -448,7 +453,7 @@ def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0, block: int = 16) 
         expert_slots=experts_p2,
         row_stride=row_stride,
         row_zero_tile=min(ROW_ZERO_TILE, triton.next_power_of_2(row_stride)),
-        inline_rows=max(1, INLINE_OFFSETS_TILE // experts_p2),
+        inline_rows=max(1, INLINE_OFFSETS_TILE * INLINE_PLACE_NUM_WARPS // (4 * experts_p2)),
         group_chunks=group_chunks,
         groups=groups,
         gap_experts=gap_experts,
@@ -520,7 +525,13 @@ def sort_program(
         HAS_COUNT=has_count,
         SINGLE=plan.single,
         INLINE=plan.inline_offsets,
-        num_warps=SINGLE_NUM_WARPS if plan.single else PLACE_NUM_WARPS,
+        num_warps=(
+            SINGLE_NUM_WARPS
+            if plan.single
+            else INLINE_PLACE_NUM_WARPS
+            if plan.inline_offsets
+            else PLACE_NUM_WARPS
+        ),
     )
     sort_programs = plan.chunks + plan.gap_programs
     return SortProgram(
