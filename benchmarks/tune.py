@@ -51,33 +51,22 @@ sort_mod = importlib.import_module("sglang_amd_moe.kernels.moe_sort")
 MASK_WARPS = [1, 2, 4, 8]
 SORT_VARIANTS: dict[str, dict[str, int]] = {
     "new": {},
-    "inline_16k": {"INLINE_OFFSETS_MAX_ELEMS": 16384},
-    "inline_64k": {"INLINE_OFFSETS_MAX_ELEMS": 65536},
-    "inline_128k": {"INLINE_OFFSETS_MAX_ELEMS": 131072},
+    "inline_32k": {"INLINE_OFFSETS_MAX_ELEMS": 32768},
+    "inline_tile_4k": {"INLINE_OFFSETS_TILE": 4096},
     "group_1": {"GROUP_CHUNKS": 1},
-    "group_4": {"GROUP_CHUNKS": 4},
-    "group_16": {"GROUP_CHUNKS": 16},
-    "chunk_32": {"CHUNK_PAIRS": 32},
+    "group_8": {"GROUP_CHUNKS": 8},
     "count_warps4": {"COUNT_NUM_WARPS": 4},
-    "offset_tile_4k": {"OFFSET_TILE": 4096},
+    "offset_tile_2k": {"OFFSET_TILE": 2048},
+    "offset_rows_128": {"OFFSET_MAX_ROWS": 128},
 }
 # (M values, variants) timed against each other, every (NE, TOPK) at block 16 with a count:
-# where the table is small, the inline limit decides 2 or 3 launches; at large M, the
-# offsets kernel's grouping and the chunk size.
+# where the table is small, the inline limit and tile decide 2 or 3 launches and the
+# place kernel's steps; at large M, the offsets kernel's grouping and the count warps.
 SORT_GROUPS = [
-    ((64, 256, 512), ("base", "new", "inline_16k", "inline_64k", "inline_128k")),
+    ((16, 64, 256), ("base", "new", "inline_32k", "inline_tile_4k")),
     (
-        (4096, 16384),
-        (
-            "base",
-            "new",
-            "group_1",
-            "group_4",
-            "group_16",
-            "chunk_32",
-            "count_warps4",
-            "offset_tile_4k",
-        ),
+        (512, 4096, 16384),
+        ("base", "new", "group_1", "group_8", "count_warps4", "offset_tile_2k", "offset_rows_128"),
     ),
 ]
 # --profile: (label, NE, topk, M, real rows, with a count) per sort call under ncu.

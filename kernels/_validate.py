@@ -167,23 +167,23 @@ def _span(x: torch.Tensor) -> tuple[int, int] | None:
 def check_disjoint(written: dict[str, torch.Tensor], read: dict[str, torch.Tensor]) -> None:
     """Raise ``ValueError`` when a tensor in ``written`` shares memory with any other
     tensor of the call (written or read). Tensors that are only read may overlap.
-
-    One sort of the address ranges and one sweep: a range that starts before the end
-    of an earlier one overlaps the earlier one that ends last. Skipped while
-    ``torch.compile`` traces (its fake tensors have no memory); the mask's custom op
-    checks again when it runs.
-    """
+    Skipped while ``torch.compile`` traces (its fake tensors have no memory); the mask's
+    custom op checks again when it runs."""
     if torch.compiler.is_compiling():
         return
     spans = []
-    for name, x in written.items():
-        span = _span(x)
-        if span is not None:
-            spans.append((span[0], span[1], True, name))
-    for name, x in read.items():
-        span = _span(x)
-        if span is not None:
-            spans.append((span[0], span[1], False, name))
+    for names, is_written in ((written, True), (read, False)):
+        for name, x in names.items():
+            span = _span(x)
+            if span is not None:
+                spans.append((span[0], span[1], is_written, name))
+    _check_spans(spans)
+
+
+def _check_spans(spans: list[tuple[int, int, bool, str]]) -> None:
+    """``spans``: (start, end, written, name) byte ranges. One sort and one sweep: a
+    range that starts before the end of an earlier one overlaps the earlier one that
+    ends last."""
     if len(spans) < 2:
         return
     spans.sort()
@@ -253,10 +253,15 @@ def check_sort_inputs(
 
 
 def _check_out(
-    name: str, x: object, dtype: torch.dtype, min_numel: int, device: torch.device
+    spans: list,
+    name: str,
+    x: object,
+    dtype: torch.dtype,
+    min_numel: int,
+    device: torch.device,
 ) -> torch.Tensor:
-    """An output buffer: a contiguous tensor of ``dtype`` on ``device`` with at least
-    ``min_numel`` elements."""
+    """An output buffer: a contiguous tensor of ``dtype`` (4 bytes an element) on
+    ``device`` with at least ``min_numel`` elements; its byte range goes to ``spans``."""
     x = check_tensor(name, x)
     if x.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
@@ -264,19 +269,28 @@ def _check_out(
         raise ValueError(f"{name} is on {x.device}, expected {device}")
     if not x.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
-    if x.numel() < min_numel:
-        raise ValueError(f"{name} needs at least {min_numel} elements, got {x.numel()}")
+    numel = x.numel()
+    if numel < min_numel:
+        raise ValueError(f"{name} needs at least {min_numel} elements, got {numel}")
+    start = x.data_ptr()
+    if numel and start:  # meta tensors have no storage
+        spans.append((start, start + 4 * numel, True, name))
     return x
 
 
-def _check_zeroed(name: str, x: object, device: torch.device) -> torch.Tensor:
-    """A buffer the sort zeroes when it is not empty: then on ``device`` and contiguous."""
+def _check_zeroed(spans: list, name: str, x: object, device: torch.device) -> torch.Tensor:
+    """A buffer the sort zeroes when it is not empty: then on ``device`` and contiguous;
+    its byte range goes to ``spans``."""
     x = check_tensor(name, x)
-    if x.numel() > 0:
+    numel = x.numel()
+    if numel > 0:
         if x.device != device:
             raise ValueError(f"{name} is on {x.device}, expected {device}")
         if not x.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
+        start = x.data_ptr()
+        if start:
+            spans.append((start, start + numel * x.element_size(), True, name))
     return x
 
 
@@ -317,24 +331,26 @@ def check_sort_args(
     )
     device = topk_ids.device
     bound = max_sorted_size(m, k, ne, mb)
-    written = {
-        "sorted_token_ids": _check_out("sorted_token_ids", sorted_token_ids, torch.int32, bound, device),
-        "sorted_expert_ids": _check_out("sorted_expert_ids", sorted_expert_ids, torch.int32, bound // mb, device),
-        "cumsum_tensor": _check_out("cumsum_tensor", cumsum_tensor, torch.int32, 2, device),
-        "reverse_sorted": _check_out("reverse_sorted", reverse_sorted, torch.int32, m * k, device),
-        "sorted_weights": _check_out("sorted_weights", sorted_weights, torch.float32, bound, device),
-        "m_indices": _check_out("m_indices", m_indices, torch.int32, bound, device),
-        "bf16_zero_out": _check_zeroed("bf16_zero_out", bf16_zero_out, device),
-        "bf16_zero_workspace": _check_zeroed("bf16_zero_workspace", bf16_zero_workspace, device),
-    }  # fmt: skip
-    zero_out = written["bf16_zero_out"]
+    spans: list[tuple[int, int, bool, str]] = []
+    i32, f32 = torch.int32, torch.float32
+    _check_out(spans, "sorted_token_ids", sorted_token_ids, i32, bound, device)
+    _check_out(spans, "sorted_expert_ids", sorted_expert_ids, i32, bound // mb, device)
+    _check_out(spans, "cumsum_tensor", cumsum_tensor, i32, 2, device)
+    _check_out(spans, "reverse_sorted", reverse_sorted, i32, m * k, device)
+    _check_out(spans, "sorted_weights", sorted_weights, f32, bound, device)
+    _check_out(spans, "m_indices", m_indices, i32, bound, device)
+    zero_out = _check_zeroed(spans, "bf16_zero_out", bf16_zero_out, device)
+    _check_zeroed(spans, "bf16_zero_workspace", bf16_zero_workspace, device)
     if zero_out.numel() > 0 and zero_out.numel() != m * d_hidden:
         raise ValueError(
             f"bf16_zero_out must hold M_logical * D_HIDDEN = {m} * {d_hidden} elements "
             f"(all M rows are zeroed), got shape {tuple(zero_out.shape)}"
         )
-    read = {"topk_ids": topk_ids, "topk_weight": topk_weight}
-    if count is not None:
-        read["num_local_tokens"] = count
-    check_disjoint(written, read)
+    if not torch.compiler.is_compiling():
+        read = (topk_ids, "topk_ids"), (topk_weight, "topk_weight"), (count, "num_local_tokens")
+        for x, name in read:
+            span = None if x is None else _span(x)
+            if span is not None:
+                spans.append((span[0], span[1], False, name))
+        _check_spans(spans)
     return m, ne, k, mb, count

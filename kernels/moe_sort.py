@@ -26,16 +26,17 @@ and nothing here is CUDA-only. :func:`sort_plan` says what a shape launches.
 * Single launch, when ``next_pow2(M * TOPK) <= 64`` and ``next_pow2(M * TOPK) *
   next_pow2(NE + 1) <= 16384`` (at NE 513/896 that is M = 1 with TOPK 9..16): the
   place kernel counts the experts itself.
-* Otherwise the count kernel (one program per chunk) writes each pair's in-chunk rank
-  and its chunk's row of a count table (one byte per expert: a chunk holds at most 64
-  pairs); then the place kernel (one program per chunk) writes the pairs. Each pair
-  needs its chunk's offset per expert (the counts of the earlier chunks) and every
-  expert's total. While the table has at most ``INLINE_OFFSETS_MAX_ELEMS`` entries
-  (``chunks * next_pow2(NE + 1)``), each place program sums it itself: two launches.
-  Past that, an offsets kernel between the two (one program per strip of experts)
-  writes, for every group of ``GROUP_CHUNKS`` consecutive chunks, the counts of all
-  chunks before the group, and the totals; a place program adds the counts of the
-  earlier chunks of its own group: three launches.
+* Otherwise the count kernel (one program per chunk) zeroes its chunk's row of an
+  int32 count table, then writes each pair's in-chunk rank and the chunk's count of
+  each present expert; then the place kernel (one program per chunk) writes the pairs.
+  Each pair needs its chunk's offset per expert (the counts of the earlier chunks) and
+  every expert's total. While the count table has at most ``INLINE_OFFSETS_MAX_ELEMS``
+  values (``chunks * next_pow2(NE + 1)``), each place program sums it itself: two
+  launches. Past that, an offsets kernel between the two (one program per strip of
+  experts) writes, for every group of ``GROUP_CHUNKS`` consecutive chunks, the counts
+  of all chunks before the group, and the totals; a place program adds the counts of
+  the earlier chunks of its own group (at most ``GROUP_CHUNKS - 1`` rows): three
+  launches.
 
 The place kernel's grid also has programs that fill the gap slots of a few experts
 each, and programs that zero ``bf16_zero_out`` (stage 2 accumulates into it), so the
@@ -46,7 +47,7 @@ replayed with a new count. The same source runs on ROCm, NVIDIA and, with
 
 Host cost. Everything that depends only on the shapes (the plan, the grids, the kernel
 launchers with their constants) is built once per shape and cached
-(:func:`sort_program`); the scratch buffers are reused between eager calls
+(:func:`sort_program`); the scratch buffer is reused between eager calls
 (:func:`~sglang_amd_moe.kernels.utils.scratch`); the checks read metadata only; and
 :func:`adaptive_moe_sort` checks only its inputs, since it allocates the outputs itself.
 """
@@ -79,8 +80,7 @@ from .utils import (
 # Pairs per chunk: a chunk's pairs are ranked with one [chunk, chunk] comparison (a
 # power of two; 64 keeps it at 32 values per thread with 4 warps). Up to
 # SMALL_BATCH_PAIRS pairs, smaller chunks (more programs, shorter each) were faster on
-# an H200; past it, 64. A chunk's count of one expert (at most 64) and a pair's rank in
-# its chunk fit in one byte each.
+# an H200; past it, 64.
 CHUNK_PAIRS = 64
 SMALL_BATCH_CHUNK_PAIRS = 32
 SMALL_BATCH_PAIRS = 2048
@@ -88,27 +88,31 @@ SMALL_BATCH_PAIRS = 2048
 # expert in one [next_pow2(NE + 1), pairs] comparison: used while that has at most
 # SINGLE_MAX_ELEMS values.
 SINGLE_MAX_ELEMS = 16384
-# While the count table has at most this many entries (chunks x next_pow2(NE + 1)),
-# every place program sums it itself (its chunk's offsets and the totals) and the
-# offsets kernel is not launched: a launch costs more than the redundant reads.
-INLINE_OFFSETS_MAX_ELEMS = 32768
-# Count-table entries one place program reads per step on the inline-offsets path, per
-# 4 warps: 8 entries per lane on AMD (64-lane waves), which keeps the place kernel at 8
-# waves per SIMD on gfx942/gfx950 (4096 per 4 warps needed about 90 VGPRs: 5 waves).
+# While the per-chunk count table ([chunks, next_pow2(NE + 1)]) has at most this many
+# values, every place program sums it itself (its chunk's offsets and the totals) and
+# the offsets kernel is not launched: a launch costs more than the redundant reads.
+INLINE_OFFSETS_MAX_ELEMS = 16384
+# Count-table values one place program reads per step on the inline-offsets path: 8 per
+# lane on AMD (4 waves of 64 lanes), which keeps the place kernel within 64 VGPRs (8
+# waves per SIMD) on gfx942/gfx950; 4096 needed about 90.
 INLINE_OFFSETS_TILE = 2048
-# Offsets kernel: it writes the running counts once per group of GROUP_CHUNKS chunks
-# (a table GROUP_CHUNKS times smaller than one row per chunk); each place program then
-# adds the counts of the at most GROUP_CHUNKS - 1 earlier chunks of its group.
-GROUP_CHUNKS = 8
-# Offsets kernel: count-table entries each program scans per step (groups x chunks x
-# experts), with as many groups as there are, up to OFFSET_MAX_ROWS chunk rows, so that
-# large batches take few serial steps (each step waits on its loads).
-OFFSET_TILE = 2048
+# Offsets kernel: it writes the running counts once per group of GROUP_CHUNKS chunks,
+# to a table GROUP_CHUNKS times smaller than the count table; each place program adds
+# the counts of the at most GROUP_CHUNKS - 1 earlier chunks of its group. On an H200 at
+# M = 16384, groups of 4 took the sort from 60.9 to 51.7 us at 896/16 (the writes of
+# the offsets kernel halve, then quarter, while the place kernel's extra reads stay few).
+GROUP_CHUNKS = 4
+# Offsets kernel: each program scans OFFSET_TILE values per step, rows (chunks) x
+# experts: as many chunk rows as there are chunks, up to OFFSET_MAX_ROWS, so that large
+# batches take few serial steps (each step waits on its loads) and get more programs.
+# 1024 values (8 per lane on AMD) keep it within 64 VGPRs on gfx942/gfx950 (2048 needed
+# 66-70 at NE 896: 7 waves per SIMD).
+OFFSET_TILE = 1024
 OFFSET_MAX_ROWS = 512
-# Count-table row entries the count kernel zeroes per step.
-ROW_ZERO_TILE = 1024
-# Gap slots one gap-filling program covers (experts x MB): with MB = 128, 64 experts
-# per program needed more registers on AMD than 8 waves per SIMD allow.
+# The count kernel zeroes its chunk's row of the count table in tiles of this many.
+COUNT_ROW_TILE = 1024
+# Gap slots one gap-filling program covers (experts x MB): 64 experts per program at
+# MB = 128 needed more registers on AMD than 8 waves per SIMD allow.
 GAP_SLOTS = 2048
 MAX_GAP_EXPERTS = 64
 # bf16_zero_out elements one zeroing program clears, in tiles of ZERO_TILE.
@@ -121,9 +125,6 @@ ZERO_TILE = 4096
 COUNT_NUM_WARPS = 8
 OFFSETS_NUM_WARPS = 4
 PLACE_NUM_WARPS = 4
-# On the inline-offsets path every place program reads the whole count table: 8 warps
-# share it (the tile per step keeps the registers per lane of 4 warps with half of it).
-INLINE_PLACE_NUM_WARPS = 8
 # The single-launch path compares a [next_pow2(NE + 1), pairs] tile in one program: more
 # warps share it (measured faster on an H200 at M = 1, NE 513 and 896).
 SINGLE_NUM_WARPS = 8
@@ -159,29 +160,28 @@ def _expert_of(ids_ptr, idx, limit, bound, stride_ids, NE: tl.constexpr, TOPK: t
 def _sort_count_kernel(
     ids_ptr,
     count_ptr,
-    table_ptr,
+    scratch_ptr,
     M,
     stride_ids,
     ranks_at,
     NE: tl.constexpr,
     TOPK: tl.constexpr,
     CHUNK_PAIRS: tl.constexpr,
-    ROW_STRIDE: tl.constexpr,
     ROW_ZERO_TILE: tl.constexpr,
     HAS_COUNT: tl.constexpr,
 ):
     """Program ``c`` handles chunk ``c`` (pairs ``c * CHUNK_PAIRS`` onwards): it writes
-    each pair's rank among the earlier pairs of its expert in the chunk (one byte per
-    pair, at ``table_ptr + ranks_at``) and the chunk's row of the count table (one byte
-    per expert, ``ROW_STRIDE`` bytes a row): zeroed here, then each present expert's
-    count of real pairs, written by its last pair so no two lanes store to one entry."""
+    each pair's rank among the earlier pairs of its expert in the chunk (at
+    ``scratch_ptr + ranks_at``) and the chunk's row ``c`` of the int32 count table
+    (``NE`` values at ``scratch_ptr``): zeroed here, then each present expert's count of
+    real pairs, written by its last pair so no two lanes store to one entry."""
     chunk = tl.program_id(0)
-    row = table_ptr + chunk.to(tl.int64) * ROW_STRIDE
+    row = scratch_ptr + chunk.to(tl.int64) * NE
     # Zero the row here rather than with a memset launch before this kernel (a launch
     # costs more than the stores). The barrier orders these stores before the counts.
-    for z0 in range(0, ROW_STRIDE, ROW_ZERO_TILE):
+    for z0 in range(0, NE, ROW_ZERO_TILE):
         z = z0 + tl.arange(0, ROW_ZERO_TILE)
-        tl.store(row + z, tl.zeros([ROW_ZERO_TILE], dtype=tl.uint8), mask=z < ROW_STRIDE)
+        tl.store(row + z, tl.zeros([ROW_ZERO_TILE], dtype=tl.int32), mask=z < NE)
     n = _real_rows(count_ptr, M, HAS_COUNT)
     lane = tl.arange(0, CHUNK_PAIRS)
     idx = chunk * CHUNK_PAIRS + lane
@@ -194,55 +194,53 @@ def _sort_count_kernel(
     rank = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
     real = idx < n * TOPK
     count = tl.sum((same & real[None, :]).to(tl.int32), axis=1)
-    tl.store(table_ptr + ranks_at + chunk.to(tl.int64) * CHUNK_PAIRS + lane, rank.to(tl.uint8))
+    tl.store(scratch_ptr + ranks_at + chunk.to(tl.int64) * CHUNK_PAIRS + lane, rank)
     tl.debug_barrier()
     # The last real pair of each present expert writes its count.
-    tl.store(row + e, count.to(tl.uint8), mask=real & (e < NE) & (rank == count - 1))
+    tl.store(row + e, count, mask=real & (e < NE) & (rank == count - 1))
 
 
-@triton.jit(do_not_specialize=["num_chunks", "num_groups"])
+@triton.jit(do_not_specialize=["num_chunks", "offsets_at"])
 def _sort_offsets_kernel(
-    table_ptr,
-    offsets_ptr,
+    scratch_ptr,
     num_chunks,
-    num_groups,
+    offsets_at,
     NE: tl.constexpr,
-    ROW_STRIDE: tl.constexpr,
     GROUP_CHUNKS: tl.constexpr,
     STRIP_EXPERTS: tl.constexpr,
-    GROUPS_PER_STEP: tl.constexpr,
+    ROWS_PER_STEP: tl.constexpr,
 ):
     """Program ``s`` handles experts ``[s * STRIP_EXPERTS, (s + 1) * STRIP_EXPERTS)``:
-    for every group ``g`` of ``GROUP_CHUNKS`` consecutive chunks it writes the counts of
-    the chunks before the group (``offsets[g, e]``, int32), and after the last group the
-    experts' totals (``offsets[num_groups, e]``). The count table is only read."""
+    it scans the count table down the chunks and writes, for every group ``g`` of
+    ``GROUP_CHUNKS`` chunks, the counts of the chunks before the group (``offsets[g, e]``
+    at ``scratch_ptr + offsets_at``), and after the last group each expert's total. The
+    count table is only read."""
     experts = tl.program_id(0) * STRIP_EXPERTS + tl.arange(0, STRIP_EXPERTS)
     live = experts < NE
-    chunk_in_group = tl.arange(0, GROUP_CHUNKS)
+    offsets = scratch_ptr + offsets_at
     running = tl.zeros([STRIP_EXPERTS], dtype=tl.int32)
-    for g0 in range(0, num_groups, GROUPS_PER_STEP):
-        g = g0 + tl.arange(0, GROUPS_PER_STEP)
-        rows = g[:, None] * GROUP_CHUNKS + chunk_in_group[None, :]  # [groups, chunks]
-        ptrs = table_ptr + rows.to(tl.int64)[:, :, None] * ROW_STRIDE + experts[None, None, :]
-        m = (rows < num_chunks)[:, :, None] & live[None, None, :]
-        per_group = tl.sum(tl.load(ptrs, mask=m, other=0).to(tl.int32), axis=1)
-        before = running[None, :] + tl.cumsum(per_group, axis=0) - per_group
-        tl.store(
-            offsets_ptr + g.to(tl.int64)[:, None] * NE + experts[None, :],
-            before,
-            mask=(g < num_groups)[:, None] & live[None, :],
+    for r0 in range(0, num_chunks, ROWS_PER_STEP):
+        r = r0 + tl.arange(0, ROWS_PER_STEP)
+        m = (r < num_chunks)[:, None] & live[None, :]
+        rows = tl.load(
+            scratch_ptr + r.to(tl.int64)[:, None] * NE + experts[None, :], mask=m, other=0
         )
-        running += tl.sum(per_group, axis=0)
-    tl.store(offsets_ptr + num_groups.to(tl.int64) * NE + experts, running, mask=live)
+        before = running[None, :] + tl.cumsum(rows, axis=0) - rows
+        # The first chunk of each group stores the counts before it, for its group.
+        group = (r // GROUP_CHUNKS).to(tl.int64)
+        first = m & (r % GROUP_CHUNKS == 0)[:, None]
+        tl.store(offsets + group[:, None] * NE + experts[None, :], before, mask=first)
+        running += tl.sum(rows, axis=0)
+    num_groups = (num_chunks + GROUP_CHUNKS - 1) // GROUP_CHUNKS
+    tl.store(offsets + num_groups.to(tl.int64) * NE + experts, running, mask=live)
 
 
-@triton.jit(do_not_specialize=["num_chunks", "num_groups", "num_sort_programs"])
+@triton.jit(do_not_specialize=["num_chunks", "num_sort_programs", "offsets_at"])
 def _sort_place_kernel(
     ids_ptr,
     w_ptr,
     count_ptr,
-    table_ptr,
-    offsets_ptr,
+    scratch_ptr,
     sorted_token_ids_ptr,
     sorted_expert_ids_ptr,
     cumsum_ptr,
@@ -254,8 +252,8 @@ def _sort_place_kernel(
     stride_ids,
     stride_w,
     ranks_at,
+    offsets_at,
     num_chunks,
-    num_groups,
     num_sort_programs,
     zero_numel,
     NE: tl.constexpr,
@@ -263,7 +261,6 @@ def _sort_place_kernel(
     BLOCK: tl.constexpr,
     EXPERT_SLOTS: tl.constexpr,
     CHUNK_PAIRS: tl.constexpr,
-    ROW_STRIDE: tl.constexpr,
     GROUP_CHUNKS: tl.constexpr,
     GAP_EXPERTS: tl.constexpr,
     ZERO_PER_PROGRAM: tl.constexpr,
@@ -307,15 +304,16 @@ def _sort_place_kernel(
             for r0 in range(0, num_chunks, INLINE_ROWS):
                 r = r0 + tl.arange(0, INLINE_ROWS)
                 counts = tl.load(
-                    table_ptr + r.to(tl.int64)[:, None] * ROW_STRIDE + experts[None, :],
+                    scratch_ptr + r.to(tl.int64)[:, None] * NE + experts[None, :],
                     mask=(r < num_chunks)[:, None] & (experts < NE)[None, :],
                     other=0,
-                ).to(tl.int32)
+                )
                 totals += tl.sum(counts, axis=0)
                 before += tl.sum(tl.where((r < pid)[:, None], counts, 0), axis=0)
         else:
+            num_groups = (num_chunks + GROUP_CHUNKS - 1) // GROUP_CHUNKS
             totals = tl.load(
-                offsets_ptr + num_groups.to(tl.int64) * NE + experts,
+                scratch_ptr + offsets_at + num_groups.to(tl.int64) * NE + experts,
                 mask=experts < NE,
                 other=0,
             )
@@ -341,24 +339,22 @@ def _sort_place_kernel(
                 rank = tl.sum(((e[:, None] == e[None, :]) & earlier).to(tl.int32), axis=1)
                 slot = tl.gather(start, e, 0) + rank
             elif INLINE:
-                ranks = table_ptr + ranks_at + pid.to(tl.int64) * CHUNK_PAIRS
-                rank = tl.load(ranks + lane).to(tl.int32)
+                rank = tl.load(scratch_ptr + ranks_at + pid.to(tl.int64) * CHUNK_PAIRS + lane)
                 slot = tl.gather(start + before, e, 0) + rank
             else:
-                # rank from the count kernel; the chunk's offset: the offsets kernel's
-                # value for its group plus the earlier chunks of the group.
-                ranks = table_ptr + ranks_at + pid.to(tl.int64) * CHUNK_PAIRS
-                rank = tl.load(ranks + lane).to(tl.int32)
+                # The rank from the count kernel; the chunk's offset: the offsets
+                # kernel's value for its group plus the counts of the group's earlier
+                # chunks (one gather each, at most GROUP_CHUNKS - 1).
+                rank = tl.load(scratch_ptr + ranks_at + pid.to(tl.int64) * CHUNK_PAIRS + lane)
                 group = pid // GROUP_CHUNKS
-                first = tl.load(offsets_ptr + group.to(tl.int64) * NE + e, mask=known, other=0)
-                if GROUP_CHUNKS > 1:
-                    rows = group * GROUP_CHUNKS + tl.arange(0, GROUP_CHUNKS)
-                    earlier_counts = tl.load(
-                        table_ptr + rows.to(tl.int64)[:, None] * ROW_STRIDE + e[None, :],
-                        mask=(rows < pid)[:, None] & known[None, :],
-                        other=0,
+                first = tl.load(
+                    scratch_ptr + offsets_at + group.to(tl.int64) * NE + e, mask=known, other=0
+                )
+                for j in tl.static_range(GROUP_CHUNKS - 1):
+                    row = group * GROUP_CHUNKS + j
+                    first += tl.load(
+                        scratch_ptr + row.to(tl.int64) * NE + e, mask=known & (row < pid), other=0
                     )
-                    first += tl.sum(earlier_counts.to(tl.int32), axis=0)
                 slot = tl.gather(start, e, 0) + first + rank
             ok = known & (idx < real_pairs)
             tl.store(sorted_token_ids_ptr + slot, tok | (k_slot << 24), mask=ok)
@@ -406,19 +402,19 @@ class SortPlan:
     chunks: int  # pair chunks: count-kernel programs and pair-placing programs
     chunk_pairs: int  # pairs per chunk (a power of two)
     expert_slots: int  # next_pow2(NE + 1): the place kernel's per-expert vectors
-    row_stride: int  # bytes per count-table row (NE rounded up to 16)
-    row_zero_tile: int  # count kernel: row entries zeroed per step
+    row_zero_tile: int  # count kernel: row values zeroed per step
     inline_rows: int  # place kernel, inline offsets: count-table rows summed per step
     group_chunks: int  # offsets kernel: chunks per group (one offsets row per group)
     groups: int  # groups of chunks
     gap_experts: int  # experts whose gap slots one gap program fills
     gap_programs: int  # place programs that fill gap slots
     zero_programs: int  # place programs that zero bf16_zero_out
-    offset_groups_per_step: int  # offsets kernel: groups scanned per step
+    offset_rows: int  # offsets kernel: chunk rows per step
     offset_experts: int  # offsets kernel: experts per program
     offset_programs: int  # offsets-kernel programs (0 when it is not launched)
-    table_bytes: int  # uint8 scratch: count table [chunks, row_stride] | ranks [pairs]
-    offsets_elems: int  # int32 scratch for the offsets kernel: [groups + 1, NE]
+    ranks_at: int  # int32 scratch: counts [chunks, NE] | ranks [pairs] | offsets [groups + 1, NE]
+    offsets_at: int
+    scratch_elems: int
 
 
 def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0, block: int = 16) -> SortPlan:
@@ -436,14 +432,13 @@ def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0, block: int = 16) 
     chunks = triton.cdiv(pairs, chunk)
     inline = not single and chunks * experts_p2 <= INLINE_OFFSETS_MAX_ELEMS
     three = not single and not inline
-    row_stride = triton.cdiv(NE, 16) * 16
     group_chunks = GROUP_CHUNKS if three else 1
     groups = triton.cdiv(chunks, group_chunks)
-    groups_per_step = max(1, min(triton.next_power_of_2(groups), OFFSET_MAX_ROWS // group_chunks))
-    offset_experts = max(
-        1, min(OFFSET_TILE // (groups_per_step * group_chunks), triton.next_power_of_2(NE))
-    )
+    offset_rows = min(triton.next_power_of_2(chunks), OFFSET_MAX_ROWS)
+    offset_experts = max(1, min(OFFSET_TILE // offset_rows, triton.next_power_of_2(NE)))
     gap_experts = max(1, min(MAX_GAP_EXPERTS, GAP_SLOTS // block))
+    ranks_at = 0 if single else chunks * NE
+    offsets_at = ranks_at + (0 if single else chunks * chunk)
     return SortPlan(
         single=single,
         inline_offsets=inline,
@@ -451,19 +446,19 @@ def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0, block: int = 16) 
         chunks=chunks,
         chunk_pairs=chunk,
         expert_slots=experts_p2,
-        row_stride=row_stride,
-        row_zero_tile=min(ROW_ZERO_TILE, triton.next_power_of_2(row_stride)),
-        inline_rows=max(1, INLINE_OFFSETS_TILE * INLINE_PLACE_NUM_WARPS // (4 * experts_p2)),
+        row_zero_tile=min(COUNT_ROW_TILE, triton.next_power_of_2(NE)),
+        inline_rows=max(1, INLINE_OFFSETS_TILE // experts_p2),
         group_chunks=group_chunks,
         groups=groups,
         gap_experts=gap_experts,
         gap_programs=triton.cdiv(NE, gap_experts),
         zero_programs=triton.cdiv(zero_numel, ZERO_PER_PROGRAM),
-        offset_groups_per_step=groups_per_step,
+        offset_rows=offset_rows,
         offset_experts=offset_experts,
         offset_programs=triton.cdiv(NE, offset_experts) if three else 0,
-        table_bytes=0 if single else chunks * row_stride + chunks * chunk,
-        offsets_elems=(groups + 1) * NE if three else 0,
+        ranks_at=ranks_at,
+        offsets_at=offsets_at,
+        scratch_elems=0 if single else offsets_at + ((groups + 1) * NE if three else 0),
     )
 
 
@@ -478,7 +473,6 @@ class SortProgram:
     place: KernelLauncher
     place_grid: tuple[int]
     sort_programs: int
-    ranks_at: int
 
 
 @functools.lru_cache(maxsize=4096)
@@ -494,7 +488,6 @@ def sort_program(
             NE=NE,
             TOPK=TOPK,
             CHUNK_PAIRS=plan.chunk_pairs,
-            ROW_STRIDE=plan.row_stride,
             ROW_ZERO_TILE=plan.row_zero_tile,
             HAS_COUNT=has_count,
             num_warps=COUNT_NUM_WARPS,
@@ -503,10 +496,9 @@ def sort_program(
         offsets = launcher(
             _sort_offsets_kernel,
             NE=NE,
-            ROW_STRIDE=plan.row_stride,
             GROUP_CHUNKS=plan.group_chunks,
             STRIP_EXPERTS=plan.offset_experts,
-            GROUPS_PER_STEP=plan.offset_groups_per_step,
+            ROWS_PER_STEP=plan.offset_rows,
             num_warps=OFFSETS_NUM_WARPS,
         )
     place = launcher(
@@ -516,7 +508,6 @@ def sort_program(
         BLOCK=MB,
         EXPERT_SLOTS=plan.expert_slots,
         CHUNK_PAIRS=plan.chunk_pairs,
-        ROW_STRIDE=plan.row_stride,
         GROUP_CHUNKS=plan.group_chunks,
         GAP_EXPERTS=plan.gap_experts,
         ZERO_PER_PROGRAM=ZERO_PER_PROGRAM,
@@ -525,13 +516,7 @@ def sort_program(
         HAS_COUNT=has_count,
         SINGLE=plan.single,
         INLINE=plan.inline_offsets,
-        num_warps=(
-            SINGLE_NUM_WARPS
-            if plan.single
-            else INLINE_PLACE_NUM_WARPS
-            if plan.inline_offsets
-            else PLACE_NUM_WARPS
-        ),
+        num_warps=SINGLE_NUM_WARPS if plan.single else PLACE_NUM_WARPS,
     )
     sort_programs = plan.chunks + plan.gap_programs
     return SortProgram(
@@ -541,7 +526,6 @@ def sort_program(
         place=place,
         place_grid=(sort_programs + plan.zero_programs,),
         sort_programs=sort_programs,
-        ranks_at=plan.chunks * plan.row_stride,
     )
 
 
@@ -570,23 +554,20 @@ def _launch_sort(
     device = topk_ids.device
     with device_guard(device):
         if plan.single:
-            table = offsets = cumsum_tensor  # placeholders, never read
+            buf = cumsum_tensor  # placeholder, never read
         else:
-            table = scratch("moe_sort.table", plan.table_bytes, torch.uint8, device)
-            offsets = cumsum_tensor
+            buf = scratch("moe_sort", plan.scratch_elems, torch.int32, device)
             prog.count(
-                (plan.chunks,), topk_ids, count_arg, table, m, topk_ids.stride(0), prog.ranks_at
+                (plan.chunks,), topk_ids, count_arg, buf, m, topk_ids.stride(0), plan.ranks_at
             )
             if prog.offsets is not None:
-                offsets = scratch("moe_sort.offsets", plan.offsets_elems, torch.int32, device)
-                prog.offsets((plan.offset_programs,), table, offsets, plan.chunks, plan.groups)
+                prog.offsets((plan.offset_programs,), buf, plan.chunks, plan.offsets_at)
         prog.place(
             prog.place_grid,
             topk_ids,
             topk_weight,
             count_arg,
-            table,
-            offsets,
+            buf,
             sorted_token_ids,
             sorted_expert_ids,
             cumsum_tensor,
@@ -597,9 +578,9 @@ def _launch_sort(
             m,
             topk_ids.stride(0),
             topk_weight.stride(0),
-            prog.ranks_at,
+            plan.ranks_at,
+            plan.offsets_at,
             plan.chunks,
-            plan.groups,
             prog.sort_programs,
             zero_numel,
         )
