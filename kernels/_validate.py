@@ -34,6 +34,7 @@ __all__ = [
     "check_count",
     "check_int",
     "check_mask_args",
+    "check_mask_call",
     "check_mask_disjoint",
     "check_routing_pair",
     "check_sort_args",
@@ -103,9 +104,12 @@ def check_count(name: str, count: object, device: torch.device) -> torch.Tensor 
     return count
 
 
-def check_routing_2d(name: str, x: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+def check_routing_2d(
+    name: str, x: torch.Tensor, dtypes: tuple[torch.dtype, ...]
+) -> tuple[int, int, int]:
     """A ``[rows, topk]`` routing tensor: allowed dtype, unit column stride, and rows
-    that do not share memory (the row stride covers a whole row)."""
+    that do not share memory (the row stride covers a whole row). Returns ``(rows,
+    topk, row stride)``."""
     if x.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype in ({_dtype_names(dtypes)}), got {x.dtype}")
     if x.dim() != 2:
@@ -123,6 +127,7 @@ def check_routing_2d(name: str, x: torch.Tensor, dtypes: tuple[torch.dtype, ...]
             "e.g. an expanded tensor): every row must be its own memory; pass "
             f"{name}.contiguous()"
         )
+    return rows, cols, row_stride
 
 
 def check_routing_pair(
@@ -207,11 +212,47 @@ def check_mask_args(
     fill_value: object,
 ) -> torch.Tensor | None:
     """Validate ``mask_padded_rows_`` arguments; return the count tensor (or None)."""
-    topk_ids, topk_weights = check_routing_pair("topk_weights", topk_ids, topk_weights)
+    return check_mask_call(topk_ids, topk_weights, num_token_non_padded, fill_value)[0]
+
+
+def check_mask_call(
+    topk_ids: object,
+    topk_weights: object,
+    num_token_non_padded: object,
+    fill_value: object,
+) -> tuple[torch.Tensor | None, int, int, int, int]:
+    """:func:`check_mask_args` for the mask's own call: ``(count, rows, topk, row stride
+    of topk_ids, row stride of topk_weights)``, each tensor's metadata read once."""
+    topk_ids = check_tensor("topk_ids", topk_ids)
+    topk_weights = check_tensor("topk_weights", topk_weights)
+    rows, cols, stride_ids = check_routing_2d("topk_ids", topk_ids, ID_DTYPES)
+    w_rows, w_cols, stride_w = check_routing_2d("topk_weights", topk_weights, WEIGHT_DTYPES)
+    if rows != w_rows or cols != w_cols:
+        raise ValueError(
+            "topk_ids and topk_weights must have the same shape, got "
+            f"{(rows, cols)} and {(w_rows, w_cols)}"
+        )
+    device = topk_ids.device
+    if topk_weights.device != device:
+        raise ValueError(f"topk_ids is on {device} but topk_weights is on {topk_weights.device}")
     check_int("fill_value", fill_value, *_ID_RANGE[topk_ids.dtype])
-    count = check_count("num_token_non_padded", num_token_non_padded, topk_ids.device)
-    check_mask_disjoint(topk_ids, topk_weights, count)
-    return count
+    count = check_count("num_token_non_padded", num_token_non_padded, device)
+    if count is not None and rows and cols and not torch.compiler.is_compiling():
+        # Both routing tensors are written and the count is read: no two may overlap.
+        spans = []
+        for x, name, stride in (
+            (topk_ids, "topk_ids", stride_ids),
+            (topk_weights, "topk_weights", stride_w),
+        ):
+            start = x.data_ptr()
+            if start:  # meta tensors have no storage
+                end = start + ((rows - 1) * stride + cols) * x.element_size()
+                spans.append((start, end, True, name))
+        start = count.data_ptr()
+        if start:
+            spans.append((start, start + count.element_size(), False, "num_token_non_padded"))
+        _check_spans(spans)
+    return count, rows, cols, stride_ids, stride_w
 
 
 def check_mask_disjoint(

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validate import check_mask_args, check_mask_disjoint
+from ._validate import check_mask_call, check_mask_disjoint
 from .reference import mask_padded_rows_reference_
 from .utils import KernelLauncher, device_guard, launcher, triton_backend
 
@@ -144,16 +144,18 @@ def _launch_mask(
     topk_weights: torch.Tensor,
     num_token_non_padded: torch.Tensor,
     fill_value: int,
+    num_rows: int,
+    num_cols: int,
+    stride_ids: int,
+    stride_weights: int,
 ) -> None:
-    """The launch itself, on checked arguments (the custom op's body)."""
-    num_rows, num_cols = topk_ids.shape
+    """The launch itself, on checked arguments (and their shape and row strides)."""
     if num_rows == 0 or num_cols == 0:
         return
     device = topk_ids.device
     if triton_backend(device) == "torch-reference":
         mask_padded_rows_reference_(topk_ids, topk_weights, num_token_non_padded, fill_value)
         return
-    stride_ids, stride_weights = topk_ids.stride(0), topk_weights.stride(0)
     contiguous = stride_ids == num_cols and stride_weights == num_cols
     kernel, grid = mask_program(num_rows, num_cols, contiguous)
     with device_guard(device):
@@ -182,7 +184,11 @@ def _mask_padded_rows_op(
     # Under torch.compile the caller's checks ran on fake tensors, which have no memory:
     # check the overlap here, on the real ones.
     check_mask_disjoint(topk_ids, topk_weights, num_token_non_padded)
-    _launch_mask(topk_ids, topk_weights, num_token_non_padded, fill_value)
+    rows, cols = topk_ids.shape
+    _launch_mask(
+        topk_ids, topk_weights, num_token_non_padded, fill_value,
+        rows, cols, topk_ids.stride(0), topk_weights.stride(0),
+    )  # fmt: skip
 
 
 @_mask_padded_rows_op.register_fake
@@ -210,7 +216,9 @@ def mask_padded_rows_(
     row stride may differ, e.g. a column slice of a wider buffer). Bad inputs raise
     ``TypeError``/``ValueError`` before anything is launched or written.
     """
-    count = check_mask_args(topk_ids, topk_weights, num_token_non_padded, fill_value)
+    count, rows, cols, stride_ids, stride_w = check_mask_call(
+        topk_ids, topk_weights, num_token_non_padded, fill_value
+    )
     if count is None:
         return
     if torch.compiler.is_compiling():
@@ -219,4 +227,6 @@ def mask_padded_rows_(
     else:
         # Eagerly (prefill, and graph capture), skip the dispatcher: going through the
         # custom op costs ~30 us of host time per call, more than the launch itself.
-        _launch_mask(topk_ids, topk_weights, count, int(fill_value))
+        _launch_mask(
+            topk_ids, topk_weights, count, int(fill_value), rows, cols, stride_ids, stride_w
+        )

@@ -270,19 +270,25 @@ class KernelLauncher:
             if compiled is not None and key not in self._compiled:
                 self._learn(args)
                 key = (index, self._key(*args))
+                direct = False  # this specialization keeps Triton's own path
+                if _fast_launch_ok(compiled):
+                    direct = (compiled.run, compiled.function, compiled.packed_metadata)
                 with self._lock:
-                    self._compiled[key] = compiled if _fast_launch_ok(compiled) else False
+                    self._compiled[key] = direct
             return
-        if compiled is False:  # this specialization takes Triton's own path
+        if compiled is False:
             self.kernel[grid](*args, **self.meta)
             return
-        compiled.run(
+        # Triton's launcher: grid, stream, function, packed metadata, no launch metadata
+        # or hooks (none are set: checked above), then every parameter in order.
+        run, function, packed = compiled
+        run(
             grid[0],
             grid[1] if len(grid) > 1 else 1,
             grid[2] if len(grid) > 2 else 1,
             _current_raw_stream(index),
-            compiled.function,
-            compiled.packed_metadata,
+            function,
+            packed,
             None,
             None,
             None,
