@@ -1,9 +1,10 @@
 """A graph-capturable MoE sort built from stock torch ops: the ``torch_argsort`` peer.
 
-It writes the same outputs as the MXFP4 aux sort's contract (``mxfp4_moe_sort``'s docstring), honoring a device
-count, with no host synchronization (no boolean indexing, no ``bincount``): a stable
-``argsort`` of expert ids, per-expert counts with ``scatter_add_``, block-padded offsets
-with ``cumsum``, and scatters into the output buffers. What a careful engineer would write
+It writes the same outputs as the MXFP4 aux sort's contract (``mxfp4_moe_sort``'s
+docstring), honoring a device count, with no host synchronization (no boolean indexing,
+no ``bincount``): a stable ``argsort`` of expert ids, per-expert counts with
+``scatter_add_``, block-padded offsets with ``cumsum``, and scatters into the output
+buffers. What a careful engineer would write
 in torch without a custom kernel; benchmarked against ours.
 """
 

@@ -111,9 +111,9 @@ def _mask_padded_rows_kernel(
 def mask_launch_config(num_rows: int, num_cols: int, flat: bool = False) -> tuple[int, int, int]:
     """``(grid, BLOCK_M, BLOCK_K)`` for a ``[num_rows, num_cols]`` routing tensor.
 
-    ``flat`` (both tensors contiguous: the kernel's ``CONTIGUOUS`` path): each program covers ``BLOCK_M * BLOCK_K``
-    consecutive elements (``BLOCK_K`` is 1). Otherwise ``BLOCK_M`` rows of
-    ``next_pow2(num_cols)`` columns.
+    ``flat`` (both tensors contiguous: the kernel's ``CONTIGUOUS`` path): each program
+    covers ``BLOCK_M * BLOCK_K`` consecutive elements (``BLOCK_K`` is 1). Otherwise
+    ``BLOCK_M`` rows of ``next_pow2(num_cols)`` columns.
     """
     if flat:
         block = min(FLAT_BLOCK, triton.next_power_of_2(max(num_rows * num_cols, 1)))

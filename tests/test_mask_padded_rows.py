@@ -236,8 +236,14 @@ def _bad_cases():
         ("float count", lambda i, w, c: ((i, w, c.float()), TypeError)),
         ("bool count", lambda i, w, c: ((i, w, c.bool()), TypeError)),
         ("int16 count", lambda i, w, c: ((i, w, c.short()), TypeError)),
-        ("two-element count", lambda i, w, c: ((i, w, torch.zeros(2, dtype=torch.int32, device=DEV)), ValueError)),
-        ("empty count", lambda i, w, c: ((i, w, torch.zeros(0, dtype=torch.int32, device=DEV)), ValueError)),
+        (
+            "two-element count",
+            lambda i, w, c: ((i, w, torch.zeros(2, dtype=torch.int32, device=DEV)), ValueError),
+        ),
+        (
+            "empty count",
+            lambda i, w, c: ((i, w, torch.zeros(0, dtype=torch.int32, device=DEV)), ValueError),
+        ),
         ("count on another device", lambda i, w, c: ((i, w, meta_count), ValueError)),
         ("mismatched rows", lambda i, w, c: ((i, w[:5], c), ValueError)),
         ("mismatched cols", lambda i, w, c: ((i, w[:, :3], c), ValueError)),
@@ -251,12 +257,21 @@ def _bad_cases():
         ("fill_value out of int32 range", lambda i, w, c: ((i, w, c, 2**31), ValueError)),
         ("expanded ids (stride 0)", lambda i, w, c: ((i[:1].expand(6, 4), w, c), ValueError)),
         ("expanded weights", lambda i, w, c: ((i, w[2:3].expand(6, 4), c), ValueError)),
-        ("ids rows overlap", lambda i, w, c: ((torch.as_strided(i, (6, 4), (2, 1)), w, c), ValueError)),
-        ("weights rows overlap", lambda i, w, c: ((i, torch.as_strided(w, (6, 4), (3, 1)), c), ValueError)),
+        (
+            "ids rows overlap",
+            lambda i, w, c: ((torch.as_strided(i, (6, 4), (2, 1)), w, c), ValueError),
+        ),
+        (
+            "weights rows overlap",
+            lambda i, w, c: ((i, torch.as_strided(w, (6, 4), (3, 1)), c), ValueError),
+        ),
         ("weights alias ids", lambda i, w, c: ((i, i.view(torch.float32), c), ValueError)),
         ("count aliases ids", lambda i, w, c: ((i, w, i.view(-1)[22:23]), ValueError)),
-        ("count aliases weights", lambda i, w, c: ((i, w, w.view(torch.int32).view(-1)[5:6]), ValueError)),
-    ]  # fmt: skip
+        (
+            "count aliases weights",
+            lambda i, w, c: ((i, w, w.view(torch.int32).view(-1)[5:6]), ValueError),
+        ),
+    ]
 
 
 @pytest.mark.parametrize(("label", "build"), _bad_cases(), ids=[c[0] for c in _bad_cases()])

@@ -411,7 +411,13 @@ def _bad_cases():
         ("int16 ids", set_("topk_ids", lambda kw: kw["topk_ids"].short()), TypeError),
         ("float64 weights", set_("topk_weight", lambda kw: kw["topk_weight"].double()), TypeError),
         ("shape mismatch", set_("topk_weight", lambda kw: kw["topk_weight"][:-1]), ValueError),
-        ("non-unit column stride", set_("topk_ids", lambda kw: torch.zeros(8, 2 * 11, dtype=torch.int32, device=DEV)[:, ::2]), ValueError),
+        (
+            "non-unit column stride",
+            set_(
+                "topk_ids", lambda kw: torch.zeros(8, 2 * 11, dtype=torch.int32, device=DEV)[:, ::2]
+            ),
+            ValueError,
+        ),
         ("TOPK != columns", set_("TOPK", 10), ValueError),
         ("M_logical > rows", set_("M_logical", 9), ValueError),
         ("negative M_logical", set_("M_logical", -1), ValueError),
@@ -422,32 +428,124 @@ def _bad_cases():
         ("MB 8", set_("MB", 8), ValueError),
         ("MB 48", set_("MB", 48), ValueError),
         ("prologue 2", set_("prologue", 2), ValueError),
-        ("int32 sorted_weights", set_("sorted_weights", lambda kw: kw["sorted_weights"].int()), TypeError),
-        ("int64 sorted_token_ids", set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"].long()), TypeError),
-        ("sorted_token_ids too small", set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"][:-1]), ValueError),
-        ("sorted_expert_ids too small", set_("sorted_expert_ids", lambda kw: kw["sorted_expert_ids"][:-1]), ValueError),
-        ("reverse_sorted too small", set_("reverse_sorted", lambda kw: kw["reverse_sorted"][:-1]), ValueError),
-        ("cumsum_tensor too small", set_("cumsum_tensor", lambda kw: kw["cumsum_tensor"][:1]), ValueError),
-        ("non-contiguous m_indices", set_("m_indices", lambda kw: torch.zeros(2 * kw["m_indices"].numel(), dtype=torch.int32, device=DEV)[::2]), ValueError),
+        (
+            "int32 sorted_weights",
+            set_("sorted_weights", lambda kw: kw["sorted_weights"].int()),
+            TypeError,
+        ),
+        (
+            "int64 sorted_token_ids",
+            set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"].long()),
+            TypeError,
+        ),
+        (
+            "sorted_token_ids too small",
+            set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"][:-1]),
+            ValueError,
+        ),
+        (
+            "sorted_expert_ids too small",
+            set_("sorted_expert_ids", lambda kw: kw["sorted_expert_ids"][:-1]),
+            ValueError,
+        ),
+        (
+            "reverse_sorted too small",
+            set_("reverse_sorted", lambda kw: kw["reverse_sorted"][:-1]),
+            ValueError,
+        ),
+        (
+            "cumsum_tensor too small",
+            set_("cumsum_tensor", lambda kw: kw["cumsum_tensor"][:1]),
+            ValueError,
+        ),
+        (
+            "non-contiguous m_indices",
+            set_(
+                "m_indices",
+                lambda kw: torch.zeros(2 * kw["m_indices"].numel(), dtype=torch.int32, device=DEV)[
+                    ::2
+                ],
+            ),
+            ValueError,
+        ),
         ("outputs overlap", set_("m_indices", lambda kw: kw["sorted_token_ids"]), ValueError),
-        ("output on another device", set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"].to("meta")), ValueError),
-        ("float count", set_("num_local_tokens", lambda kw: kw["num_local_tokens"].float()), TypeError),
-        ("two-element count", set_("num_local_tokens", torch.zeros(2, dtype=torch.int32, device=DEV)), ValueError),
+        (
+            "output on another device",
+            set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"].to("meta")),
+            ValueError,
+        ),
+        (
+            "float count",
+            set_("num_local_tokens", lambda kw: kw["num_local_tokens"].float()),
+            TypeError,
+        ),
+        (
+            "two-element count",
+            set_("num_local_tokens", torch.zeros(2, dtype=torch.int32, device=DEV)),
+            ValueError,
+        ),
         ("count not a tensor", set_("num_local_tokens", 3), TypeError),
         ("count on another device", set_("num_local_tokens", meta_i32), ValueError),
-        ("zero_out wrong size", set_("bf16_zero_out", torch.zeros(8, 7, dtype=torch.bfloat16, device=DEV)), ValueError),
-        ("zero_out non-contiguous", set_("bf16_zero_out", lambda kw: torch.zeros(16, 16, dtype=torch.bfloat16, device=DEV)[::2]), ValueError),
+        (
+            "zero_out wrong size",
+            set_("bf16_zero_out", torch.zeros(8, 7, dtype=torch.bfloat16, device=DEV)),
+            ValueError,
+        ),
+        (
+            "zero_out non-contiguous",
+            set_(
+                "bf16_zero_out",
+                lambda kw: torch.zeros(16, 16, dtype=torch.bfloat16, device=DEV)[::2],
+            ),
+            ValueError,
+        ),
         ("zero_out not a tensor", set_("bf16_zero_out", None), TypeError),
-        ("expanded ids (stride 0)", set_("topk_ids", lambda kw: kw["topk_ids"][:1].expand(8, 11)), ValueError),
-        ("ids rows overlap", set_("topk_ids", lambda kw: torch.as_strided(kw["topk_ids"], (8, 11), (5, 1))), ValueError),
-        ("expanded weights", set_("topk_weight", lambda kw: kw["topk_weight"][3:4].expand(8, 11)), ValueError),
-        ("output aliases topk_ids", set_("topk_ids", lambda kw: kw["sorted_token_ids"][:88].view(8, 11)), ValueError),
-        ("reverse_sorted aliases topk_weight", set_("topk_weight", lambda kw: kw["reverse_sorted"].view(torch.float32).view(8, 11)), ValueError),
-        ("zero_out aliases sorted_weights", set_("bf16_zero_out", lambda kw: kw["sorted_weights"].view(torch.bfloat16)[:128]), ValueError),
-        ("zero_out aliases topk_weight", set_("topk_weight", lambda kw: kw["bf16_zero_out"].view(-1)[:88].view(8, 11)), ValueError),
-        ("workspace aliases m_indices", set_("bf16_zero_workspace", lambda kw: kw["m_indices"].view(torch.bfloat16)[8:40]), ValueError),
-        ("count aliases cumsum_tensor", set_("num_local_tokens", lambda kw: kw["cumsum_tensor"][1:]), ValueError),
-    ]  # fmt: skip
+        (
+            "expanded ids (stride 0)",
+            set_("topk_ids", lambda kw: kw["topk_ids"][:1].expand(8, 11)),
+            ValueError,
+        ),
+        (
+            "ids rows overlap",
+            set_("topk_ids", lambda kw: torch.as_strided(kw["topk_ids"], (8, 11), (5, 1))),
+            ValueError,
+        ),
+        (
+            "expanded weights",
+            set_("topk_weight", lambda kw: kw["topk_weight"][3:4].expand(8, 11)),
+            ValueError,
+        ),
+        (
+            "output aliases topk_ids",
+            set_("topk_ids", lambda kw: kw["sorted_token_ids"][:88].view(8, 11)),
+            ValueError,
+        ),
+        (
+            "reverse_sorted aliases topk_weight",
+            set_("topk_weight", lambda kw: kw["reverse_sorted"].view(torch.float32).view(8, 11)),
+            ValueError,
+        ),
+        (
+            "zero_out aliases sorted_weights",
+            set_("bf16_zero_out", lambda kw: kw["sorted_weights"].view(torch.bfloat16)[:128]),
+            ValueError,
+        ),
+        (
+            "zero_out aliases topk_weight",
+            set_("topk_weight", lambda kw: kw["bf16_zero_out"].view(-1)[:88].view(8, 11)),
+            ValueError,
+        ),
+        (
+            "workspace aliases m_indices",
+            set_("bf16_zero_workspace", lambda kw: kw["m_indices"].view(torch.bfloat16)[8:40]),
+            ValueError,
+        ),
+        (
+            "count aliases cumsum_tensor",
+            set_("num_local_tokens", lambda kw: kw["cumsum_tensor"][1:]),
+            ValueError,
+        ),
+    ]
 
 
 _BAD = _bad_cases()
@@ -461,8 +559,10 @@ def test_bad_input_raises_and_writes_nothing(label, mutate, exc, fn) -> None:
     M, NE, K, MB = 8, 513, 11, 16
     ids, w = _routing(M, NE, K, None, seed=16)
     outs = _outputs(M, NE, K, MB, zero_cols=16)
-    kwargs = dict(topk_ids=ids, topk_weight=w, **outs, M_logical=M, NE=NE, TOPK=K,
-                  D_HIDDEN=16, D_INTER=1, MB=MB, prologue=0, num_local_tokens=_count(4))  # fmt: skip
+    kwargs = dict(
+        topk_ids=ids, topk_weight=w, **outs, M_logical=M, NE=NE, TOPK=K,
+        D_HIDDEN=16, D_INTER=1, MB=MB, prologue=0, num_local_tokens=_count(4),
+    )  # fmt: skip
     mutate(kwargs)
     with pytest.raises(exc):
         fn(**kwargs)
