@@ -74,11 +74,15 @@ GPU_PLATFORMS := --python-version 3.12 --implementation cp --platform manylinux_
 	--platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	--platform manylinux2010_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_5_x86_64
 
+# sgl_kernel (sglang-kernel 0.4.3, which SGLang 0.5.13.post1 pins) travels trimmed and
+# packed (benchmarks/trim_sgl_kernel.py): SGLang's topk imports it on a GPU, and the
+# benchmarks time its C++ moe_align_block_size.
 gpu-wheels: venv
 	rm -f .whl/sglang_amd_moe-*.whl
 	$(PIP) wheel -q --no-deps -w .whl .
 	$(PY) benchmarks/extract_peers.py
 	$(PIP) download -q --no-deps --only-binary=:all: $(GPU_PLATFORMS) -d .whl $(GPU_SGLANG) $(GPU_CLOSURE)
+	$(PY) benchmarks/trim_sgl_kernel.py
 
 # The real-server run (benchmarks/server/README.md): build this package's wheel from this
 # tree and gather SGLang 0.5.13.post1's server closure for the GPU machine's Python 3.12

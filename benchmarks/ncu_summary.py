@@ -46,7 +46,11 @@ def summarize(path: Path) -> list[str]:
     out.append("|" + " --- |" * (3 + len(COLUMNS)))
     for i, k in kernels.items():
         grid = k["grid"].strip("()").split(",")[0]
-        out.append(f"| {i} | {k['name']} | {grid} | " + " | ".join(k.get(m, "-") for m, _ in COLUMNS) + " |")
+        out.append(
+            f"| {i} | {k['name']} | {grid} | "
+            + " | ".join(k.get(m, "-") for m, _ in COLUMNS)
+            + " |"
+        )
     return out
 
 

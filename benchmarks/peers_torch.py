@@ -1,9 +1,10 @@
 """A graph-capturable MoE sort built from stock torch ops: the ``torch_argsort`` peer.
 
-It writes the same outputs as the MXFP4 aux sort's contract (BRIEF), honoring a device
-count, with no host synchronization (no boolean indexing, no ``bincount``): a stable
-``argsort`` of expert ids, per-expert counts with ``scatter_add_``, block-padded offsets
-with ``cumsum``, and scatters into the output buffers. What a careful engineer would write
+It writes the same outputs as the MXFP4 aux sort's contract (``mxfp4_moe_sort``'s
+docstring), honoring a device count, with no host synchronization (no boolean indexing,
+no ``bincount``): a stable ``argsort`` of expert ids, per-expert counts with
+``scatter_add_``, block-padded offsets with ``cumsum``, and scatters into the output
+buffers. What a careful engineer would write
 in torch without a custom kernel; benchmarked against ours.
 """
 
@@ -31,7 +32,9 @@ def torch_argsort_sort(
     key = torch.where(valid, flat, E)  # invalid pairs sort last, into bucket E
     order = torch.argsort(key, stable=True)
     # Bucket E (invalid pairs) is counted too, then dropped: no host-to-device write.
-    counts = torch.zeros(E + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
+    counts = torch.zeros(E + 1, dtype=torch.long, device=dev).scatter_add_(
+        0, key, torch.ones_like(key)
+    )
     counts = torch.cat([counts[:E], torch.zeros_like(counts[:1])])
     padded = (counts + B - 1) // B * B
     start = torch.cumsum(padded, 0) - padded

@@ -6,11 +6,20 @@ Per call, in CUDA-graph replay and eagerly, on the same inputs:
   ``sgl_fill_x2`` (SGLang 0.5.23's ``_fill_padded_rows`` called for ids, then weights) vs
   ``eager_index_put`` (older SGLang: ``arange`` + ``>=`` + boolean ``index_put_`` on each
   tensor).
-* sort: ``ours`` (``mxfp4_moe_sort`` without a count) and ``ours_count`` (with one) vs
-  ``sgl_triton_align`` (SGLang's ``moe_align_block_size_triton``, four launches) vs
-  ``torch_argsort`` (a graph-capturable sort built from torch ops, ``benchmarks/peers_torch.py``).
+* sort: ``ours`` (``mxfp4_moe_sort`` without a count), ``ours_count`` (with one) and
+  ``ours_adaptive`` (``adaptive_moe_sort`` with one: it allocates its outputs, as
+  aiter's ``_adaptive_moe_sort`` does, and is what the aiter hook calls) vs
+  ``sgl_align_cpp`` (sgl_kernel's C++ ``moe_align_block_size``, called as SGLang's
+  ``moe_align_block_size`` calls it, into preallocated buffers) vs ``sgl_triton_align``
+  (SGLang's ``moe_align_block_size_triton``, four launches) vs ``torch_argsort`` (a
+  graph-capturable sort built from torch ops, ``benchmarks/peers_torch.py``).
+* launch: the host cost of one launch of an empty Triton kernel, eagerly, through
+  Triton's own ``kernel[grid](...)`` and through this package's direct launch
+  (``KernelLauncher``), against one small torch op.
 
-Peers' sources come from ``benchmarks/_peers/`` (``extract_peers.py``; never committed).
+Peers' sources come from ``benchmarks/_peers/`` (``extract_peers.py``; never committed);
+``sgl_kernel`` (sglang-kernel 0.4.3, the release SGLang 0.5.13.post1 pins) must be
+importable for the C++ peer (``benchmarks/device.sh`` puts a trimmed copy on the path).
 Output: one JSON document (device, versions, date, flat ``results`` records
 ``{kernel, impl, M, topk, num_experts, block, padded, mode, us}``) to ``--out``.
 
@@ -41,9 +50,10 @@ import triton
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import triton.language as tl  # noqa: E402
 from peers_torch import torch_argsort_sort  # noqa: E402
-from sglang_amd_moe.kernels import mask_padded_rows_, mxfp4_moe_sort  # noqa: E402
-from sglang_amd_moe.kernels.utils import max_sorted_size  # noqa: E402
+from sglang_amd_moe.kernels import adaptive_moe_sort, mask_padded_rows_, mxfp4_moe_sort  # noqa: E402
+from sglang_amd_moe.kernels.utils import KernelLauncher, max_sorted_size  # noqa: E402
 
 GRAPH_CALLS = 20
 REPLAYS = 40
@@ -59,6 +69,16 @@ MASK_TOPK = [8, 11]
 SORT_SHAPES = [(257, 9), (513, 11), (896, 16)]
 SORT_BLOCKS = [16, 32]
 SORT_M = [1, 4, 16, 64, 256, 512, 4096, 16384]
+
+
+def _load_sgl_kernel():
+    """sgl_kernel's C++ ``moe_align_block_size``, or None (then the peer is skipped)."""
+    try:
+        from sgl_kernel import moe_align_block_size
+    except Exception as exc:  # noqa: BLE001 - any import failure: report and go on
+        print(f"sgl_kernel not importable ({exc!r}): the sgl_align_cpp peer is skipped", flush=True)
+        return None
+    return moe_align_block_size
 
 
 def _load_peer(name: str):
@@ -143,7 +163,9 @@ def time_graphs(fns: dict[str, Callable[[], None]]) -> dict[str, float]:
     return times
 
 
-def mask_impls(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, fill_mod) -> dict[str, Callable[[], None]]:
+def mask_impls(
+    ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, fill_mod
+) -> dict[str, Callable[[], None]]:
     def ours():
         mask_padded_rows_(ids, w, count, 0)
 
@@ -177,14 +199,28 @@ def bench_mask(results: list[dict], fill_mod) -> None:
             graph_us = time_graphs(impls)
             for impl, fn in impls.items():
                 for mode, us in (("graph", graph_us[impl]), ("eager", time_eager(fn))):
-                    results.append(dict(kernel="mask", impl=impl, M=M, topk=topk, num_experts=None,
-                                        block=None, padded="half", mode=mode, us=round(us, 3)))
-            print(f"mask topk={topk} M={M}: " + ", ".join(
-                f"{r['impl']}/{r['mode']}={r['us']:.2f}" for r in results[-6:]), flush=True)
+                    results.append(
+                        dict(
+                            kernel="mask",
+                            impl=impl,
+                            M=M,
+                            topk=topk,
+                            num_experts=None,
+                            block=None,
+                            padded="half",
+                            mode=mode,
+                            us=round(us, 3),
+                        )
+                    )
+            print(
+                f"mask topk={topk} M={M}: "
+                + ", ".join(f"{r['impl']}/{r['mode']}={r['us']:.2f}" for r in results[-6:]),
+                flush=True,
+            )
 
 
 def sort_buffers(M: int, topk: int, NE: int, BM: int, dev: str) -> dict[str, torch.Tensor]:
-    """Output buffers sized as aiter's ``_adaptive_moe_sort`` sizes them (BRIEF)."""
+    """Output buffers sized as aiter's ``_adaptive_moe_sort`` sizes them."""
     max_sorted = max_sorted_size(M, topk, NE, BM)
     return dict(
         sorted_token_ids=torch.empty(max_sorted, dtype=torch.int32, device=dev),
@@ -207,20 +243,49 @@ def sort_inputs(M: int, topk: int, NE: int, n: int, dev: str) -> tuple[torch.Ten
     return ids, w, torch.tensor([n], dtype=torch.int32, device=dev)
 
 
-def sort_call(fn: Callable, ids: torch.Tensor, w: torch.Tensor, out: dict[str, torch.Tensor],
-              NE: int, BM: int, count: torch.Tensor | None) -> Callable[[], None]:
+def sort_call(
+    fn: Callable,
+    ids: torch.Tensor,
+    w: torch.Tensor,
+    out: dict[str, torch.Tensor],
+    NE: int,
+    BM: int,
+    count: torch.Tensor | None,
+) -> Callable[[], None]:
     """``fn`` (an ``mxfp4_moe_sort``) called with aiter's arguments into ``out``."""
     M, topk = ids.shape
     prologue = 0 if BM == 16 else 1
     return lambda: fn(
-        ids, w, out["sorted_token_ids"], out["sorted_expert_ids"], out["cumsum_tensor"],
-        out["reverse_sorted"], out["sorted_weights"], out["m_indices"], out["bf16_zero_out"],
-        out["bf16_zero_workspace"], M, NE, topk, 7168, 2048, BM, prologue, count,
+        ids,
+        w,
+        out["sorted_token_ids"],
+        out["sorted_expert_ids"],
+        out["cumsum_tensor"],
+        out["reverse_sorted"],
+        out["sorted_weights"],
+        out["m_indices"],
+        out["bf16_zero_out"],
+        out["bf16_zero_workspace"],
+        M,
+        NE,
+        topk,
+        7168,
+        2048,
+        BM,
+        prologue,
+        count,
     )
 
 
-def sort_impls(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, NE: int, BM: int,
-               align_mod) -> dict[str, Callable[[], None]]:
+def sort_impls(
+    ids: torch.Tensor,
+    w: torch.Tensor,
+    count: torch.Tensor,
+    NE: int,
+    BM: int,
+    align_mod,
+    cpp_align=None,
+) -> dict[str, Callable[[], None]]:
     """``ids`` holds -1 past the count, as a padded CUDA-graph batch does."""
     M, topk = ids.shape
     dev = ids.device
@@ -242,12 +307,42 @@ def sort_impls(ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor, NE: int,
     def torch_argsort():
         torch_argsort_sort(ids, w, NE, BM, count, argsort_out)
 
-    return {"ours": sort_call(mxfp4_moe_sort, ids, w, out, NE, BM, None),
-            "ours_count": sort_call(mxfp4_moe_sort, ids, w, out, NE, BM, count),
-            "sgl_triton_align": sgl_triton_align, "torch_argsort": torch_argsort}
+    def ours_adaptive():
+        adaptive_moe_sort(ids, w, NE, topk, BM, 7168, num_local_tokens=count)
+
+    impls = {
+        "ours": sort_call(mxfp4_moe_sort, ids, w, out, NE, BM, None),
+        "ours_count": sort_call(mxfp4_moe_sort, ids, w, out, NE, BM, count),
+        "ours_adaptive": ours_adaptive,
+    }
+    if cpp_align is not None:
+        # Buffers as SGLang's moe_align_block_size sizes them, and its call: NE + 1
+        # experts (the extra one takes expert-parallel filtered ids), padded ids filled.
+        pairs = M * topk
+        c_max = pairs * BM if pairs < NE + 1 else pairs + (NE + 1) * (BM - 1)
+        c_sorted = torch.empty(c_max, dtype=torch.int32, device=dev)
+        c_experts = torch.empty(triton.cdiv(c_max, BM), dtype=torch.int32, device=dev)
+        c_post = torch.empty(1, dtype=torch.int32, device=dev)
+        c_cumsum = torch.empty(NE + 2, dtype=torch.int32, device=dev)
+
+        def sgl_align_cpp():
+            cpp_align(ids_valid, NE + 1, BM, c_sorted, c_experts, c_post, c_cumsum, True)
+
+        impls["sgl_align_cpp"] = sgl_align_cpp
+    impls["sgl_triton_align"] = sgl_triton_align
+    impls["torch_argsort"] = torch_argsort
+    return impls
 
 
-def bench_sort(results: list[dict], align_mod, shapes, blocks, ms, checkpoint: Callable[[], None]) -> None:
+def bench_sort(
+    results: list[dict],
+    align_mod,
+    shapes,
+    blocks,
+    ms,
+    checkpoint: Callable[[], None],
+    cpp_align=None,
+) -> None:
     dev = "cuda"
     for NE, topk in shapes:
         for BM in blocks:
@@ -255,26 +350,112 @@ def bench_sort(results: list[dict], align_mod, shapes, blocks, ms, checkpoint: C
                 for padded in ("half", "none"):
                     n = M if padded == "none" else max(M // 2, 1)
                     ids, w, count = sort_inputs(M, topk, NE, n, dev)
-                    impls = sort_impls(ids, w, count, NE, BM, align_mod)
+                    impls = sort_impls(ids, w, count, NE, BM, align_mod, cpp_align)
                     graph_us = time_graphs(impls)
                     for impl, fn in impls.items():
                         for mode, us in (("graph", graph_us[impl]), ("eager", time_eager(fn))):
-                            results.append(dict(kernel="sort", impl=impl, M=M, topk=topk, num_experts=NE,
-                                                block=BM, padded=padded, mode=mode, us=round(us, 3)))
-                    print(f"sort NE={NE} topk={topk} BM={BM} M={M} padded={padded}: " + ", ".join(
-                        f"{r['impl']}/{r['mode']}={r['us']:.1f}" for r in results[-8:]), flush=True)
+                            results.append(
+                                dict(
+                                    kernel="sort",
+                                    impl=impl,
+                                    M=M,
+                                    topk=topk,
+                                    num_experts=NE,
+                                    block=BM,
+                                    padded=padded,
+                                    mode=mode,
+                                    us=round(us, 3),
+                                )
+                            )
+                    print(
+                        f"sort NE={NE} topk={topk} BM={BM} M={M} padded={padded}: "
+                        + ", ".join(
+                            f"{r['impl']}/{r['mode']}={r['us']:.1f}"
+                            for r in results[-2 * len(impls) :]
+                        ),
+                        flush=True,
+                    )
             checkpoint()
+
+
+@triton.jit
+def _empty_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    pass
+
+
+def bench_launch(results: list[dict]) -> None:
+    """Host time of one launch, eagerly (the GPU idles; back-to-back calls are host-bound)."""
+    x = torch.zeros(16, dtype=torch.int32, device="cuda")
+    direct = KernelLauncher(_empty_kernel, BLOCK=16, num_warps=4)
+    impls = {
+        "triton_jit": lambda: _empty_kernel[(1,)](x, 16, BLOCK=16, num_warps=4),
+        "direct": lambda: direct((1,), x, 16),
+        "torch_zero_": lambda: x.zero_(),
+    }
+    for impl, fn in impls.items():
+        results.append(
+            dict(
+                kernel="launch",
+                impl=impl,
+                M=None,
+                topk=None,
+                num_experts=None,
+                block=None,
+                padded=None,
+                mode="eager",
+                us=round(time_eager(fn), 3),
+            )
+        )
+    print(
+        "launch: " + ", ".join(f"{r['impl']}={r['us']:.2f}" for r in results[-len(impls) :]),
+        flush=True,
+    )
+
+
+def warm(align_mod, fill_mod, cpp_align, shard: int, shards: int) -> None:
+    """Call every benchmark configuration once, untimed, so that Triton compiles (and
+    caches on disk) every kernel specialization the timed run needs; shard ``shard`` of
+    ``shards`` takes every ``shards``-th configuration, so several processes share it."""
+    configs = [("mask", topk, M, None, None) for topk in MASK_TOPK for M in MASK_M]
+    configs += [
+        ("sort", topk, M, NE, BM) for NE, topk in SORT_SHAPES for BM in SORT_BLOCKS for M in SORT_M
+    ]
+    for i, (kernel, topk, M, NE, BM) in enumerate(configs):
+        if i % shards != shard:
+            continue
+        if kernel == "mask":
+            ids, w, count = mask_inputs(M, topk, "cuda")
+            fns = mask_impls(ids, w, count, fill_mod)
+        else:
+            ids, w, count = sort_inputs(M, topk, NE, max(M // 2, 1), "cuda")
+            fns = sort_impls(ids, w, count, NE, BM, align_mod, cpp_align)
+            fns.pop("torch_argsort")
+        for fn in fns.values():
+            fn()
+    torch.cuda.synchronize()
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=HERE / "results" / "h200.json")
-    ap.add_argument("--only", choices=["mask", "sort"], help="run one kernel's benchmarks")
+    ap.add_argument(
+        "--only", choices=["launch", "mask", "sort"], help="run one part of the benchmarks"
+    )
     ap.add_argument("--quick", action="store_true", help="a small subset (smoke run)")
+    ap.add_argument(
+        "--warm", metavar="I/N", help="only compile: shard I of N of the configurations"
+    )
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks need a CUDA or ROCm GPU")
+    cpp_align = _load_sgl_kernel()
+    if a.warm:
+        shard, shards = (int(v) for v in a.warm.split("/"))
+        warm(_load_peer("moe_align"), _load_peer("fill_padded_rows"), cpp_align, shard, shards)
+        return 0
     results: list[dict] = []
+    if a.only in (None, "launch"):
+        bench_launch(results)
     if a.only in (None, "mask"):
         bench_mask(results, _load_peer("fill_padded_rows"))
         write(a.out, results)
@@ -283,7 +464,15 @@ def main(argv: list[str] | None = None) -> int:
             shapes, blocks, ms = SORT_SHAPES[1:2], [16], [1, 64, 4096]
         else:
             shapes, blocks, ms = SORT_SHAPES, SORT_BLOCKS, SORT_M
-        bench_sort(results, _load_peer("moe_align"), shapes, blocks, ms, lambda: write(a.out, results))
+        bench_sort(
+            results,
+            _load_peer("moe_align"),
+            shapes,
+            blocks,
+            ms,
+            lambda: write(a.out, results),
+            cpp_align,
+        )
     write(a.out, results)
     print(f"wrote {len(results)} records to {a.out}")
     return 0
@@ -298,9 +487,14 @@ def write(out: Path, results: list[dict]) -> None:
         "hip": torch.version.hip,
         "cuda": torch.version.cuda,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "method": {"graph_calls": GRAPH_CALLS, "replays": REPLAYS, "eager_calls": EAGER_CALLS,
-                   "eager_repeats": EAGER_REPEATS,
-                   "graph_replays": "interleaved, shuffled, queued behind a sleep", "statistic": "median us per call"},
+        "method": {
+            "graph_calls": GRAPH_CALLS,
+            "replays": REPLAYS,
+            "eager_calls": EAGER_CALLS,
+            "eager_repeats": EAGER_REPEATS,
+            "graph_replays": "interleaved, shuffled, queued behind a sleep",
+            "statistic": "median us per call",
+        },
         "results": results,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

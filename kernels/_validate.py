@@ -1,11 +1,17 @@
 """Input checks shared by the kernels and their plain-torch references.
 
-Every check reads only tensor metadata (dtype, shape, strides, device), never
+Every check reads only tensor metadata (dtype, shape, strides, device, address), never
 tensor contents, so it costs no device synchronization and is safe inside CUDA/HIP
-graph capture and ``torch.compile`` tracing. The checks use explicit ``raise``
-statements (not ``assert``) so they survive ``python -O``: a bad call must fail
-loudly *before* any kernel writes anything, instead of turning into an opaque
-Triton error or, worse, an out-of-bounds write on the GPU.
+graph capture and ``torch.compile`` tracing; each is a fixed number of attribute reads
+per tensor (they run on every eager call). The checks use explicit ``raise`` statements
+(not ``assert``) so they survive ``python -O``: a bad call must fail loudly *before* any
+kernel writes anything, instead of turning into an opaque Triton error or, worse, an
+out-of-bounds or racing write on the GPU.
+
+Memory overlap is checked on address ranges: every tensor a kernel writes must share no
+byte with any other tensor of the call (one it reads or one it writes), and a routing
+tensor's rows must not share memory with each other (an expanded, stride-0 tensor, say),
+since each row is written or read as a distinct token.
 """
 
 from __future__ import annotations
@@ -16,14 +22,37 @@ import torch
 
 from .utils import max_sorted_size
 
+__all__ = [
+    "COUNT_DTYPES",
+    "ID_DTYPES",
+    "MAX_SORT_EXPERTS",
+    "MAX_SORT_TOKENS",
+    "MAX_SORT_TOPK",
+    "SORT_BLOCK_SIZES",
+    "SORT_PROLOGUES",
+    "WEIGHT_DTYPES",
+    "check_count",
+    "check_int",
+    "check_mask_args",
+    "check_mask_call",
+    "check_mask_disjoint",
+    "check_routing_pair",
+    "check_sort_args",
+    "check_sort_inputs",
+    "check_tensor",
+    "max_sorted_size",
+]
+
 ID_DTYPES = (torch.int32, torch.int64)
+_ID_RANGE = {d: (torch.iinfo(d).min, torch.iinfo(d).max) for d in ID_DTYPES}
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 COUNT_DTYPES = (torch.int32, torch.int64)
 SORT_BLOCK_SIZES = (16, 32, 64, 128)
 SORT_PROLOGUES = (0, 1)
-# sorted_token_ids packs ``t | (s << 24)``: the token needs 24 bits, the slot 8.
+# sorted_token_ids packs ``t | (s << 24)`` into an int32: the token takes 24 bits and the
+# slot the 7 below the sign bit, so slots 0..127 (TOPK <= 128) and tokens < 2**24.
 MAX_SORT_TOKENS = 1 << 24
-MAX_SORT_TOPK = 256
+MAX_SORT_TOPK = 128
 # Keeps the kernels' int32 sort keys ((NE + 1) * chunk) far from overflow.
 MAX_SORT_EXPERTS = 1 << 16
 
@@ -40,12 +69,15 @@ def check_tensor(name: str, x: object) -> torch.Tensor:
 
 def check_int(name: str, value: object, lo: int | None = None, hi: int | None = None) -> int:
     """Return ``value`` as a Python int, rejecting bools, floats and tensors."""
-    if isinstance(value, bool) or isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if type(value) is int:  # the common case, without the slower checks below
+        v = value
+    else:
+        if isinstance(value, bool) or isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        try:
+            v = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
     if lo is not None and v < lo:
         raise ValueError(f"{name} must be >= {lo}, got {v}")
     if hi is not None and v > hi:
@@ -63,9 +95,7 @@ def check_count(name: str, count: object, device: torch.device) -> torch.Tensor 
             f"{name} must be an integer tensor ({_dtype_names(COUNT_DTYPES)}), got {count.dtype}"
         )
     if count.numel() != 1:
-        raise ValueError(
-            f"{name} must hold exactly one element, got shape {tuple(count.shape)}"
-        )
+        raise ValueError(f"{name} must hold exactly one element, got shape {tuple(count.shape)}")
     if count.device != device:
         raise ValueError(
             f"{name} is on {count.device} but the routing tensors are on {device}; "
@@ -74,16 +104,30 @@ def check_count(name: str, count: object, device: torch.device) -> torch.Tensor 
     return count
 
 
-def check_routing_2d(name: str, x: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+def check_routing_2d(
+    name: str, x: torch.Tensor, dtypes: tuple[torch.dtype, ...]
+) -> tuple[int, int, int]:
+    """A ``[rows, topk]`` routing tensor: allowed dtype, unit column stride, and rows
+    that do not share memory (the row stride covers a whole row). Returns ``(rows,
+    topk, row stride)``."""
     if x.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype in ({_dtype_names(dtypes)}), got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{name} must be 2-D [rows, topk], got shape {tuple(x.shape)}")
-    if x.shape[1] > 1 and x.stride(1) != 1:
+    rows, cols = x.shape
+    row_stride, col_stride = x.stride()
+    if cols > 1 and col_stride != 1:
         raise ValueError(
             f"{name} must have unit column stride (rows may be strided), got strides "
-            f"{tuple(x.stride())}"
+            f"{(row_stride, col_stride)}"
         )
+    if rows > 1 and cols > 0 and row_stride < cols:
+        raise ValueError(
+            f"{name} has rows that share memory (row stride {row_stride} < {cols} columns, "
+            "e.g. an expanded tensor): every row must be its own memory; pass "
+            f"{name}.contiguous()"
+        )
+    return rows, cols, row_stride
 
 
 def check_routing_pair(
@@ -101,10 +145,66 @@ def check_routing_pair(
             f"{tuple(topk_ids.shape)} and {tuple(weights.shape)}"
         )
     if topk_ids.device != weights.device:
-        raise ValueError(f"topk_ids is on {topk_ids.device} but {weights_name} is on {weights.device}")
+        raise ValueError(
+            f"topk_ids is on {topk_ids.device} but {weights_name} is on {weights.device}"
+        )
     return topk_ids, weights
 
 
+# ------------------------------------------------------------------------------ overlap
+def _span(x: torch.Tensor) -> tuple[int, int] | None:
+    """The byte range ``[start, end)`` that ``x`` addresses, or None when it addresses
+    nothing (no elements, or no storage: the ``meta`` device)."""
+    numel = x.numel()
+    if numel == 0:
+        return None
+    start = x.data_ptr()
+    if start == 0:  # meta tensors have no storage
+        return None
+    if x.is_contiguous():
+        return start, start + numel * x.element_size()
+    last = 0
+    for size, stride in zip(x.shape, x.stride(), strict=True):
+        last += (size - 1) * stride
+    return start, start + (last + 1) * x.element_size()
+
+
+def check_disjoint(written: dict[str, torch.Tensor], read: dict[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` when a tensor in ``written`` shares memory with any other
+    tensor of the call (written or read). Tensors that are only read may overlap.
+    Skipped while ``torch.compile`` traces (its fake tensors have no memory); the mask's
+    custom op checks again when it runs."""
+    if torch.compiler.is_compiling():
+        return
+    spans = []
+    for names, is_written in ((written, True), (read, False)):
+        for name, x in names.items():
+            span = _span(x)
+            if span is not None:
+                spans.append((span[0], span[1], is_written, name))
+    _check_spans(spans)
+
+
+def _check_spans(spans: list[tuple[int, int, bool, str]]) -> None:
+    """``spans``: (start, end, written, name) byte ranges. One sort and one sweep: a
+    range that starts before the end of an earlier one overlaps the earlier one that
+    ends last."""
+    if len(spans) < 2:
+        return
+    spans.sort()
+    end_any, name_any = -1, ""  # the range that ends last so far
+    end_written, name_written = -1, ""  # the written range that ends last so far
+    for start, end, is_written, name in spans:
+        if start < (end_any if is_written else end_written):
+            other = name_any if is_written else name_written
+            raise ValueError(f"{other} and {name} overlap in memory")
+        if end > end_any:
+            end_any, name_any = end, name
+        if is_written and end > end_written:
+            end_written, name_written = end, name
+
+
+# --------------------------------------------------------------------------------- mask
 def check_mask_args(
     topk_ids: object,
     topk_weights: object,
@@ -112,19 +212,97 @@ def check_mask_args(
     fill_value: object,
 ) -> torch.Tensor | None:
     """Validate ``mask_padded_rows_`` arguments; return the count tensor (or None)."""
-    topk_ids, topk_weights = check_routing_pair("topk_weights", topk_ids, topk_weights)
-    info = torch.iinfo(topk_ids.dtype)
-    check_int("fill_value", fill_value, info.min, info.max)
-    return check_count("num_token_non_padded", num_token_non_padded, topk_ids.device)
+    return check_mask_call(topk_ids, topk_weights, num_token_non_padded, fill_value)[0]
+
+
+def check_mask_call(
+    topk_ids: object,
+    topk_weights: object,
+    num_token_non_padded: object,
+    fill_value: object,
+) -> tuple[torch.Tensor | None, int, int, int, int]:
+    """:func:`check_mask_args` for the mask's own call: ``(count, rows, topk, row stride
+    of topk_ids, row stride of topk_weights)``, each tensor's metadata read once."""
+    topk_ids = check_tensor("topk_ids", topk_ids)
+    topk_weights = check_tensor("topk_weights", topk_weights)
+    rows, cols, stride_ids = check_routing_2d("topk_ids", topk_ids, ID_DTYPES)
+    w_rows, w_cols, stride_w = check_routing_2d("topk_weights", topk_weights, WEIGHT_DTYPES)
+    if rows != w_rows or cols != w_cols:
+        raise ValueError(
+            "topk_ids and topk_weights must have the same shape, got "
+            f"{(rows, cols)} and {(w_rows, w_cols)}"
+        )
+    device = topk_ids.device
+    if topk_weights.device != device:
+        raise ValueError(f"topk_ids is on {device} but topk_weights is on {topk_weights.device}")
+    check_int("fill_value", fill_value, *_ID_RANGE[topk_ids.dtype])
+    count = check_count("num_token_non_padded", num_token_non_padded, device)
+    if count is not None and rows and cols and not torch.compiler.is_compiling():
+        # Both routing tensors are written and the count is read: no two may overlap.
+        spans = []
+        for x, name, stride in (
+            (topk_ids, "topk_ids", stride_ids),
+            (topk_weights, "topk_weights", stride_w),
+        ):
+            start = x.data_ptr()
+            if start:  # meta tensors have no storage
+                end = start + ((rows - 1) * stride + cols) * x.element_size()
+                spans.append((start, end, True, name))
+        start = count.data_ptr()
+        if start:
+            spans.append((start, start + count.element_size(), False, "num_token_non_padded"))
+        _check_spans(spans)
+    return count, rows, cols, stride_ids, stride_w
+
+
+def check_mask_disjoint(
+    topk_ids: torch.Tensor, topk_weights: torch.Tensor, count: torch.Tensor | None
+) -> None:
+    """The mask writes both routing tensors and reads the count: no two may overlap."""
+    written = {"topk_ids": topk_ids, "topk_weights": topk_weights}
+    check_disjoint(written, {} if count is None else {"num_token_non_padded": count})
+
+
+# --------------------------------------------------------------------------------- sort
+def check_sort_inputs(
+    topk_ids: object,
+    topk_weight: object,
+    M_logical: object,
+    NE: object,
+    TOPK: object,
+    MB: object,
+    num_local_tokens: object,
+    weights_name: str = "topk_weight",
+    names: tuple[str, str, str] = ("NE", "TOPK", "MB"),
+) -> tuple[torch.Tensor, torch.Tensor, int, int, int, int, torch.Tensor | None]:
+    """The sort's inputs and sizes: ``(topk_ids, weights, M, NE, TOPK, MB, count)``
+    (``names``: what the caller's API calls NE, TOPK and MB)."""
+    m = check_int("M_logical", M_logical, 0, MAX_SORT_TOKENS - 1)
+    ne = check_int(names[0], NE, 1, MAX_SORT_EXPERTS)
+    k = check_int(names[1], TOPK, 1, MAX_SORT_TOPK)
+    mb = check_int(names[2], MB)
+    if mb not in SORT_BLOCK_SIZES:
+        raise ValueError(f"{names[2]} must be one of {SORT_BLOCK_SIZES}, got {mb}")
+    topk_ids, weights = check_routing_pair(weights_name, topk_ids, topk_weight)
+    rows, cols = topk_ids.shape
+    if cols != k:
+        raise ValueError(f"topk_ids has {cols} columns but {names[1]}={k}")
+    if rows < m:
+        raise ValueError(f"topk_ids has {rows} rows but M_logical={m}")
+    count = check_count("num_local_tokens", num_local_tokens, topk_ids.device)
+    return topk_ids, weights, m, ne, k, mb, count
 
 
 def _check_out(
+    spans: list,
     name: str,
     x: object,
     dtype: torch.dtype,
     min_numel: int,
     device: torch.device,
 ) -> torch.Tensor:
+    """An output buffer: a contiguous tensor of ``dtype`` (4 bytes an element) on
+    ``device`` with at least ``min_numel`` elements; its byte range goes to ``spans``."""
     x = check_tensor(name, x)
     if x.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {x.dtype}")
@@ -132,19 +310,28 @@ def _check_out(
         raise ValueError(f"{name} is on {x.device}, expected {device}")
     if not x.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
-    if x.numel() < min_numel:
-        raise ValueError(f"{name} needs at least {min_numel} elements, got {x.numel()}")
+    numel = x.numel()
+    if numel < min_numel:
+        raise ValueError(f"{name} needs at least {min_numel} elements, got {numel}")
+    start = x.data_ptr()
+    if numel and start:  # meta tensors have no storage
+        spans.append((start, start + 4 * numel, True, name))
     return x
 
 
-def _check_zeroed(name: str, x: object, device: torch.device) -> torch.Tensor:
-    """A buffer the sort zeroes when it is not empty: then on ``device`` and contiguous."""
+def _check_zeroed(spans: list, name: str, x: object, device: torch.device) -> torch.Tensor:
+    """A buffer the sort zeroes when it is not empty: then on ``device`` and contiguous;
+    its byte range goes to ``spans``."""
     x = check_tensor(name, x)
-    if x.numel() > 0:
+    numel = x.numel()
+    if numel > 0:
         if x.device != device:
             raise ValueError(f"{name} is on {x.device}, expected {device}")
         if not x.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
+        start = x.data_ptr()
+        if start:
+            spans.append((start, start + numel * x.element_size(), True, name))
     return x
 
 
@@ -172,64 +359,39 @@ def check_sort_args(
 
     Output buffers must be large enough for the worst case, which is what aiter's
     ``_adaptive_moe_sort`` allocates (:func:`max_sorted_size`): then no id pattern and
-    no count can make the kernel write out of bounds.
+    no count can make the kernel write out of bounds. Every buffer the sort writes must
+    be disjoint from every other tensor of the call.
     """
-    m = check_int("M_logical", M_logical, 0, MAX_SORT_TOKENS - 1)
-    ne = check_int("NE", NE, 1, MAX_SORT_EXPERTS)
-    k = check_int("TOPK", TOPK, 1, MAX_SORT_TOPK)
     d_hidden = check_int("D_HIDDEN", D_HIDDEN, 0)
     check_int("D_INTER", D_INTER)
-    mb = check_int("MB", MB)
-    if mb not in SORT_BLOCK_SIZES:
-        raise ValueError(f"MB must be one of {SORT_BLOCK_SIZES}, got {mb}")
     p = check_int("prologue", prologue)
     if p not in SORT_PROLOGUES:
         raise ValueError(f"prologue must be one of {SORT_PROLOGUES}, got {p}")
-
-    topk_ids, topk_weight = check_routing_pair("topk_weight", topk_ids, topk_weight)
-    if topk_ids.shape[1] != k:
-        raise ValueError(f"topk_ids has {topk_ids.shape[1]} columns but TOPK={k}")
-    if topk_ids.shape[0] < m:
-        raise ValueError(f"topk_ids has {topk_ids.shape[0]} rows but M_logical={m}")
+    topk_ids, topk_weight, m, ne, k, mb, count = check_sort_inputs(
+        topk_ids, topk_weight, M_logical, NE, TOPK, MB, num_local_tokens
+    )
     device = topk_ids.device
-
     bound = max_sorted_size(m, k, ne, mb)
-    _check_out("sorted_token_ids", sorted_token_ids, torch.int32, bound, device)
-    _check_out("sorted_expert_ids", sorted_expert_ids, torch.int32, bound // mb, device)
-    _check_out("cumsum_tensor", cumsum_tensor, torch.int32, 2, device)
-    _check_out("reverse_sorted", reverse_sorted, torch.int32, m * k, device)
-    _check_out("sorted_weights", sorted_weights, torch.float32, bound, device)
-    _check_out("m_indices", m_indices, torch.int32, bound, device)
-
-    zero_out = _check_zeroed("bf16_zero_out", bf16_zero_out, device)
+    spans: list[tuple[int, int, bool, str]] = []
+    i32, f32 = torch.int32, torch.float32
+    _check_out(spans, "sorted_token_ids", sorted_token_ids, i32, bound, device)
+    _check_out(spans, "sorted_expert_ids", sorted_expert_ids, i32, bound // mb, device)
+    _check_out(spans, "cumsum_tensor", cumsum_tensor, i32, 2, device)
+    _check_out(spans, "reverse_sorted", reverse_sorted, i32, m * k, device)
+    _check_out(spans, "sorted_weights", sorted_weights, f32, bound, device)
+    _check_out(spans, "m_indices", m_indices, i32, bound, device)
+    zero_out = _check_zeroed(spans, "bf16_zero_out", bf16_zero_out, device)
+    _check_zeroed(spans, "bf16_zero_workspace", bf16_zero_workspace, device)
     if zero_out.numel() > 0 and zero_out.numel() != m * d_hidden:
         raise ValueError(
             f"bf16_zero_out must hold M_logical * D_HIDDEN = {m} * {d_hidden} elements "
             f"(all M rows are zeroed), got shape {tuple(zero_out.shape)}"
         )
-    _check_zeroed("bf16_zero_workspace", bf16_zero_workspace, device)
-
-    outs = {
-        "sorted_token_ids": sorted_token_ids,
-        "sorted_expert_ids": sorted_expert_ids,
-        "cumsum_tensor": cumsum_tensor,
-        "reverse_sorted": reverse_sorted,
-        "sorted_weights": sorted_weights,
-        "m_indices": m_indices,
-    }
-    names = list(outs)
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            if _overlap(outs[a], outs[b]):
-                raise ValueError(f"{a} and {b} overlap in memory")
-
-    count = check_count("num_local_tokens", num_local_tokens, device)
+    if not torch.compiler.is_compiling():
+        read = (topk_ids, "topk_ids"), (topk_weight, "topk_weight"), (count, "num_local_tokens")
+        for x, name in read:
+            span = None if x is None else _span(x)
+            if span is not None:
+                spans.append((span[0], span[1], False, name))
+        _check_spans(spans)
     return m, ne, k, mb, count
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    # Tensors on the meta device have no storage (every data_ptr is 0): they never overlap.
-    if a.numel() == 0 or b.numel() == 0 or a.device.type == "meta":
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()

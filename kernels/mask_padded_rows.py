@@ -10,24 +10,30 @@ does both tensors in one launch.
 The count ``n`` is read on the device and clamped to ``[0, M]``, so a captured graph
 can be replayed with a new count; the launch allocates nothing and never synchronizes
 with the host. The grid depends only on the shapes: each program covers ``BLOCK_M``
-rows and every column (``next_pow2(topk)``), and a program whose rows are all real
-writes nothing.
+rows and every column (``next_pow2(topk)``), or, for contiguous tensors, a run of
+consecutive elements; a program whose elements are all real writes nothing.
 
 It is a ``torch.library`` custom op (``torch.ops.sglang_amd_moe.mask_padded_rows``)
 mutating both tensors, with a fake implementation, so ``torch.compile`` can trace
 through it. On the CPU it runs the Triton kernel through the interpreter when Triton
 was imported with ``TRITON_INTERPRET=1``, and the plain-torch reference otherwise.
+
+Host cost: an eager call checks metadata only, looks its launch (grid, constants) up in
+a per-shape cache (:func:`mask_program`) and launches the compiled kernel directly
+(:class:`~sglang_amd_moe.kernels.utils.KernelLauncher`); it allocates nothing.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from ._validate import check_mask_args
+from ._validate import check_mask_call, check_mask_disjoint
 from .reference import mask_padded_rows_reference_
-from .utils import device_guard, launch, triton_backend
+from .utils import KernelLauncher, device_guard, launcher, triton_backend
 
 # Elements per program: small enough that a program finishes in well under a
 # microsecond, large enough that M = 4096 needs few programs. FLAT_BLOCK for contiguous
@@ -52,18 +58,26 @@ def _mask_padded_rows_kernel(
     fill_value,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    FLAT: tl.constexpr,
-    WIDE: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr,
 ):
-    if FLAT:
-        # Both tensors are contiguous: the padded rows are one contiguous range of
-        # elements [n * cols, rows * cols); BLOCK_M * BLOCK_K elements per program.
-        # Offsets are int32 unless the tensors have 2**31 elements or more (WIDE), and
-        # the stores are masked rather than branched around: both measured a little
-        # faster, and a program whose elements are all real then writes nothing.
+    """Each program reads the count ``n`` and writes ``fill_value`` / 0 into the
+    elements of its tile that lie in padded rows (rows ``>= n``); nothing else.
+
+    ``CONTIGUOUS`` (both tensors contiguous): program ``p`` covers elements
+    ``[p * BLOCK_M * BLOCK_K, (p + 1) * BLOCK_M * BLOCK_K)`` of the flattened tensors,
+    and the padded rows are the one range ``[n * num_cols, num_rows * num_cols)``.
+    Otherwise program ``p`` covers rows ``[p * BLOCK_M, (p + 1) * BLOCK_M)``, each with
+    its ``BLOCK_K >= num_cols`` columns, at each tensor's own row stride.
+    ``INT64_OFFSETS``: the tensors have ``2**31`` elements or more.
+    """
+    if CONTIGUOUS:
+        # Offsets are int32 unless the tensors are that large, and the stores are
+        # masked rather than branched around: both measured a little faster on an
+        # H200, and a program whose elements are all real then writes nothing.
         # Clamp in int64 before narrowing: an int64 count past 2**31 must not wrap.
         n = tl.minimum(tl.maximum(tl.load(count_ptr).to(tl.int64), 0), num_rows)
-        if WIDE:
+        if INT64_OFFSETS:
             start = tl.program_id(0).to(tl.int64) * (BLOCK_M * BLOCK_K)
         else:
             n = n.to(tl.int32)
@@ -77,7 +91,6 @@ def _mask_padded_rows_kernel(
     else:
         n = tl.load(count_ptr).to(tl.int64)
         n = tl.minimum(tl.maximum(n, 0), num_rows)
-        # Strided rows (e.g. column slices): BLOCK_M rows x next_pow2(cols) per program.
         row0 = tl.program_id(0) * BLOCK_M
         # Programs whose rows are all real (the common case) write nothing.
         if row0 + BLOCK_M > n:
@@ -95,14 +108,12 @@ def _mask_padded_rows_kernel(
             tl.store(weights_ptr + rows64 * stride_weights + cols[None, :], zeros, mask=mask)
 
 
-def mask_launch_config(
-    num_rows: int, num_cols: int, flat: bool = False
-) -> tuple[int, int, int]:
+def mask_launch_config(num_rows: int, num_cols: int, flat: bool = False) -> tuple[int, int, int]:
     """``(grid, BLOCK_M, BLOCK_K)`` for a ``[num_rows, num_cols]`` routing tensor.
 
-    ``flat`` (both tensors contiguous): each program covers ``BLOCK_M * BLOCK_K``
-    consecutive elements (``BLOCK_K`` is 1). Otherwise ``BLOCK_M`` rows of
-    ``next_pow2(num_cols)`` columns.
+    ``flat`` (both tensors contiguous: the kernel's ``CONTIGUOUS`` path): each program
+    covers ``BLOCK_M * BLOCK_K`` consecutive elements (``BLOCK_K`` is 1). Otherwise
+    ``BLOCK_M`` rows of ``next_pow2(num_cols)`` columns.
     """
     if flat:
         block = min(FLAT_BLOCK, triton.next_power_of_2(max(num_rows * num_cols, 1)))
@@ -112,38 +123,52 @@ def mask_launch_config(
     return triton.cdiv(num_rows, block_m), block_m, block_k
 
 
+@functools.lru_cache(maxsize=4096)
+def mask_program(
+    num_rows: int, num_cols: int, contiguous: bool
+) -> tuple[KernelLauncher, tuple[int]]:
+    """The launcher (constants bound) and grid for one shape, built once and cached."""
+    grid, block_m, block_k = mask_launch_config(num_rows, num_cols, contiguous)
+    return launcher(
+        _mask_padded_rows_kernel,
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        CONTIGUOUS=contiguous,
+        INT64_OFFSETS=num_rows * num_cols >= 2**31,
+        num_warps=FLAT_NUM_WARPS if contiguous else ROWS_NUM_WARPS,
+    ), (grid,)
+
+
 def _launch_mask(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     num_token_non_padded: torch.Tensor,
     fill_value: int,
+    num_rows: int,
+    num_cols: int,
+    stride_ids: int,
+    stride_weights: int,
 ) -> None:
-    """The launch itself, on checked arguments (the custom op's body)."""
-    num_rows, num_cols = topk_ids.shape
+    """The launch itself, on checked arguments (and their shape and row strides)."""
     if num_rows == 0 or num_cols == 0:
         return
-    if triton_backend(topk_ids.device) == "torch-reference":
+    device = topk_ids.device
+    if triton_backend(device) == "torch-reference":
         mask_padded_rows_reference_(topk_ids, topk_weights, num_token_non_padded, fill_value)
         return
-    flat = topk_ids.stride(0) == num_cols and topk_weights.stride(0) == num_cols
-    grid, block_m, block_k = mask_launch_config(num_rows, num_cols, flat)
-    with device_guard(topk_ids.device):
-        launch(
-            _mask_padded_rows_kernel,
-            (grid,),
+    contiguous = stride_ids == num_cols and stride_weights == num_cols
+    kernel, grid = mask_program(num_rows, num_cols, contiguous)
+    with device_guard(device):
+        kernel(
+            grid,
             topk_ids,
             topk_weights,
             num_token_non_padded,
             num_rows,
             num_cols,
-            topk_ids.stride(0),
-            topk_weights.stride(0),
+            stride_ids,
+            stride_weights,
             fill_value,
-            BLOCK_M=block_m,
-            BLOCK_K=block_k,
-            FLAT=flat,
-            WIDE=num_rows * num_cols >= 2**31,
-            num_warps=FLAT_NUM_WARPS if flat else ROWS_NUM_WARPS,
         )
 
 
@@ -156,7 +181,14 @@ def _mask_padded_rows_op(
     num_token_non_padded: torch.Tensor,
     fill_value: int,
 ) -> None:
-    _launch_mask(topk_ids, topk_weights, num_token_non_padded, fill_value)
+    # Under torch.compile the caller's checks ran on fake tensors, which have no memory:
+    # check the overlap here, on the real ones.
+    check_mask_disjoint(topk_ids, topk_weights, num_token_non_padded)
+    rows, cols = topk_ids.shape
+    _launch_mask(
+        topk_ids, topk_weights, num_token_non_padded, fill_value,
+        rows, cols, topk_ids.stride(0), topk_weights.stride(0),
+    )  # fmt: skip
 
 
 @_mask_padded_rows_op.register_fake
@@ -184,7 +216,9 @@ def mask_padded_rows_(
     row stride may differ, e.g. a column slice of a wider buffer). Bad inputs raise
     ``TypeError``/``ValueError`` before anything is launched or written.
     """
-    count = check_mask_args(topk_ids, topk_weights, num_token_non_padded, fill_value)
+    count, rows, cols, stride_ids, stride_w = check_mask_call(
+        topk_ids, topk_weights, num_token_non_padded, fill_value
+    )
     if count is None:
         return
     if torch.compiler.is_compiling():
@@ -193,4 +227,6 @@ def mask_padded_rows_(
     else:
         # Eagerly (prefill, and graph capture), skip the dispatcher: going through the
         # custom op costs ~30 us of host time per call, more than the launch itself.
-        _launch_mask(topk_ids, topk_weights, count, int(fill_value))
+        _launch_mask(
+            topk_ids, topk_weights, count, int(fill_value), rows, cols, stride_ids, stride_w
+        )

@@ -32,19 +32,29 @@ and nothing here is CUDA-only. :func:`sort_plan` says what a shape launches.
   Each pair needs its chunk's offset per expert (the counts of the earlier chunks) and
   every expert's total. While the count table has at most ``INLINE_OFFSETS_MAX_ELEMS``
   values (``chunks * next_pow2(NE + 1)``), each place program sums it itself: two
-  launches. Past that, an offsets kernel between the two (one program per few experts)
-  turns the counts, in place, into each chunk's offsets and appends the totals: three.
+  launches. Past that, an offsets kernel between the two (one program per strip of
+  experts) writes, for every group of ``GROUP_CHUNKS`` consecutive chunks, the counts
+  of all chunks before the group, and the totals; a place program adds the counts of
+  the earlier chunks of its own group (at most ``GROUP_CHUNKS - 1`` rows): three
+  launches.
 
-The place kernel's grid also has programs that fill the gap slots of 64 experts each,
-and programs that zero ``bf16_zero_out`` (stage 2 accumulates into it), so the zeroing
-overlaps the sort. Nothing on the host depends on the count: grids and the scratch
-size depend on shapes only, so a call can be captured in a CUDA/HIP graph and replayed
-with a new count. The same source runs on ROCm, NVIDIA and, with ``TRITON_INTERPRET=1``,
-on the CPU.
+The place kernel's grid also has programs that fill the gap slots of a few experts
+each, and programs that zero ``bf16_zero_out`` (stage 2 accumulates into it), so the
+zeroing overlaps the sort. Nothing on the host depends on the count: grids and the
+scratch size depend on shapes only, so a call can be captured in a CUDA/HIP graph and
+replayed with a new count. The same source runs on ROCm, NVIDIA and, with
+``TRITON_INTERPRET=1``, on the CPU.
+
+Host cost. Everything that depends only on the shapes (the plan, the grids, the kernel
+launchers with their constants) is built once per shape and cached
+(:func:`sort_program`); the scratch buffer is reused between eager calls
+(:func:`~sglang_amd_moe.kernels.utils.scratch`); the checks read metadata only; and
+:func:`adaptive_moe_sort` checks only its inputs, since it allocates the outputs itself.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -52,15 +62,20 @@ import triton
 import triton.language as tl
 
 from ._validate import (
-    MAX_SORT_EXPERTS,
-    MAX_SORT_TOPK,
-    SORT_BLOCK_SIZES,
     check_int,
     check_sort_args,
+    check_sort_inputs,
     check_tensor,
 )
 from .reference import mxfp4_moe_sort_reference
-from .utils import device_guard, launch, max_sorted_size, triton_backend
+from .utils import (
+    KernelLauncher,
+    device_guard,
+    launcher,
+    max_sorted_size,
+    scratch,
+    triton_backend,
+)
 
 # Pairs per chunk: a chunk's pairs are ranked with one [chunk, chunk] comparison (a
 # power of two; 64 keeps it at 32 values per thread with 4 warps). Up to
@@ -73,21 +88,33 @@ SMALL_BATCH_PAIRS = 2048
 # expert in one [next_pow2(NE + 1), pairs] comparison: used while that has at most
 # SINGLE_MAX_ELEMS values.
 SINGLE_MAX_ELEMS = 16384
-# Offsets kernel: each program scans OFFSET_TILE values per step, rows (chunks) x experts:
-# as many chunk rows as there are chunks, up to OFFSET_MAX_ROWS, so that large batches
-# take few serial steps (each step waits on its loads) and get more programs.
-OFFSET_TILE = 2048
-OFFSET_MAX_ROWS = 512
 # While the per-chunk count table ([chunks, next_pow2(NE + 1)]) has at most this many
 # values, every place program sums it itself (its chunk's offsets and the totals) and
 # the offsets kernel is not launched: a launch costs more than the redundant reads.
 INLINE_OFFSETS_MAX_ELEMS = 16384
-# Count-table values one place program reads per step on the inline-offsets path.
-INLINE_OFFSETS_TILE = 4096
+# Count-table values one place program reads per step on the inline-offsets path: 8 per
+# lane on AMD (4 waves of 64 lanes), which keeps the place kernel within 64 VGPRs (8
+# waves per SIMD) on gfx942/gfx950; 4096 needed about 90.
+INLINE_OFFSETS_TILE = 2048
+# Offsets kernel: it writes the running counts once per group of GROUP_CHUNKS chunks,
+# to a table GROUP_CHUNKS times smaller than the count table; each place program adds
+# the counts of the at most GROUP_CHUNKS - 1 earlier chunks of its group. On an H200 at
+# M = 16384, groups of 4 took the sort from 60.9 to 51.7 us at 896/16 (the writes of
+# the offsets kernel halve, then quarter, while the place kernel's extra reads stay few).
+GROUP_CHUNKS = 4
+# Offsets kernel: each program scans OFFSET_TILE values per step, rows (chunks) x
+# experts: as many chunk rows as there are chunks, up to OFFSET_MAX_ROWS, so that large
+# batches take few serial steps (each step waits on its loads) and get more programs.
+# 1024 values (8 per lane on AMD) keep it within 64 VGPRs on gfx942/gfx950 (2048 needed
+# 66-70 at NE 896: 7 waves per SIMD).
+OFFSET_TILE = 1024
+OFFSET_MAX_ROWS = 512
 # The count kernel zeroes its chunk's row of the count table in tiles of this many.
 COUNT_ROW_TILE = 1024
-# Experts whose gap slots one program fills.
-GAP_EXPERTS = 64
+# Gap slots one gap-filling program covers (experts x MB): 64 experts per program at
+# MB = 128 needed more registers on AMD than 8 waves per SIMD allow.
+GAP_SLOTS = 2048
+MAX_GAP_EXPERTS = 64
 # bf16_zero_out elements one zeroing program clears, in tiles of ZERO_TILE.
 ZERO_PER_PROGRAM = 32768
 ZERO_TILE = 4096
@@ -115,13 +142,15 @@ def _real_rows(count_ptr, M, HAS_COUNT: tl.constexpr):
 
 
 @triton.jit
-def _expert_of(ids_ptr, idx, limit, bound, stride_ids, NE: tl.constexpr, K: tl.constexpr):
+def _expert_of(ids_ptr, idx, limit, bound, stride_ids, NE: tl.constexpr, TOPK: tl.constexpr):
     """Expert of pairs ``idx``; ``NE`` (a spare value) for pairs at or past ``limit``
     (padded rows) and for ids outside ``[0, NE)``. The load is bounded by ``bound`` (all
     pairs), not by ``limit``, so it need not wait for the device count."""
-    tok = idx // K
+    tok = idx // TOPK
     e = tl.load(
-        ids_ptr + tok.to(tl.int64) * stride_ids + (idx - tok * K), mask=idx < bound, other=NE
+        ids_ptr + tok.to(tl.int64) * stride_ids + (idx - tok * TOPK),
+        mask=idx < bound,
+        other=NE,
     )
     valid = (idx < limit) & (e >= 0) & (e < NE)  # range check before narrowing int64 ids
     return tl.where(valid, e, NE).to(tl.int32)
@@ -132,74 +161,86 @@ def _sort_count_kernel(
     ids_ptr,
     count_ptr,
     scratch_ptr,
-    rank_ptr,
     M,
     stride_ids,
+    ranks_at,
     NE: tl.constexpr,
-    K: tl.constexpr,
-    CH: tl.constexpr,
-    ZT: tl.constexpr,
+    TOPK: tl.constexpr,
+    CHUNK_PAIRS: tl.constexpr,
+    ROW_ZERO_TILE: tl.constexpr,
     HAS_COUNT: tl.constexpr,
 ):
-    """For chunk ``pid``: each pair's rank among the earlier pairs of its expert in the
-    chunk (-> ``rank_ptr``), and the chunk's count of every expert (-> scratch row
-    ``pid``: zeroed here, then each present expert's count, written by its last pair so
-    no two lanes collide)."""
+    """Program ``c`` handles chunk ``c`` (pairs ``c * CHUNK_PAIRS`` onwards): it writes
+    each pair's rank among the earlier pairs of its expert in the chunk (at
+    ``scratch_ptr + ranks_at``) and the chunk's row ``c`` of the int32 count table
+    (``NE`` values at ``scratch_ptr``): zeroed here, then each present expert's count of
+    real pairs, written by its last pair so no two lanes store to one entry."""
     chunk = tl.program_id(0)
     row = scratch_ptr + chunk.to(tl.int64) * NE
     # Zero the row here rather than with a memset launch before this kernel (a launch
     # costs more than the stores). The barrier orders these stores before the counts.
-    for z0 in range(0, NE, ZT):
-        z = z0 + tl.arange(0, ZT)
-        tl.store(row + z, tl.zeros([ZT], dtype=tl.int32), mask=z < NE)
+    for z0 in range(0, NE, ROW_ZERO_TILE):
+        z = z0 + tl.arange(0, ROW_ZERO_TILE)
+        tl.store(row + z, tl.zeros([ROW_ZERO_TILE], dtype=tl.int32), mask=z < NE)
     n = _real_rows(count_ptr, M, HAS_COUNT)
-    lane = tl.arange(0, CH)
-    idx = chunk * CH + lane
+    lane = tl.arange(0, CHUNK_PAIRS)
+    idx = chunk * CHUNK_PAIRS + lane
     # The ranks do not depend on the count: padded pairs come after every real pair, so
     # a real pair's earlier pairs are all real. Only the counts mask the padded pairs
     # out, so the comparisons run while the count is still being loaded.
-    all_pairs = M * K
-    e = _expert_of(ids_ptr, idx, all_pairs, all_pairs, stride_ids, NE, K)
+    all_pairs = M * TOPK
+    e = _expert_of(ids_ptr, idx, all_pairs, all_pairs, stride_ids, NE, TOPK)
     same = e[:, None] == e[None, :]
     rank = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
-    real = idx < n * K
+    real = idx < n * TOPK
     count = tl.sum((same & real[None, :]).to(tl.int32), axis=1)
-    tl.store(rank_ptr + chunk.to(tl.int64) * CH + lane, rank)
+    tl.store(scratch_ptr + ranks_at + chunk.to(tl.int64) * CHUNK_PAIRS + lane, rank)
     tl.debug_barrier()
     # The last real pair of each present expert writes its count.
     tl.store(row + e, count, mask=real & (e < NE) & (rank == count - 1))
 
 
-@triton.jit(do_not_specialize=["num_chunks"])
+@triton.jit(do_not_specialize=["num_chunks", "offsets_at"])
 def _sort_offsets_kernel(
     scratch_ptr,
     num_chunks,
+    offsets_at,
     NE: tl.constexpr,
-    ES: tl.constexpr,
-    ROWS: tl.constexpr,
+    GROUP_CHUNKS: tl.constexpr,
+    STRIP_EXPERTS: tl.constexpr,
+    ROWS_PER_STEP: tl.constexpr,
 ):
-    """For a strip of experts: counts -> exclusive prefix over chunks (in place), and
-    the per-expert totals into the row after the last chunk."""
-    experts = tl.program_id(0) * ES + tl.arange(0, ES)
+    """Program ``s`` handles experts ``[s * STRIP_EXPERTS, (s + 1) * STRIP_EXPERTS)``:
+    it scans the count table down the chunks and writes, for every group ``g`` of
+    ``GROUP_CHUNKS`` chunks, the counts of the chunks before the group (``offsets[g, e]``
+    at ``scratch_ptr + offsets_at``), and after the last group each expert's total. The
+    count table is only read."""
+    experts = tl.program_id(0) * STRIP_EXPERTS + tl.arange(0, STRIP_EXPERTS)
     live = experts < NE
-    running = tl.zeros([ES], dtype=tl.int32)
-    for r0 in range(0, num_chunks, ROWS):
-        r = r0 + tl.arange(0, ROWS)
-        ptrs = scratch_ptr + r.to(tl.int64)[:, None] * NE + experts[None, :]
+    offsets = scratch_ptr + offsets_at
+    running = tl.zeros([STRIP_EXPERTS], dtype=tl.int32)
+    for r0 in range(0, num_chunks, ROWS_PER_STEP):
+        r = r0 + tl.arange(0, ROWS_PER_STEP)
         m = (r < num_chunks)[:, None] & live[None, :]
-        rows = tl.load(ptrs, mask=m, other=0)
-        tl.store(ptrs, running[None, :] + tl.cumsum(rows, axis=0) - rows, mask=m)
+        rows = tl.load(
+            scratch_ptr + r.to(tl.int64)[:, None] * NE + experts[None, :], mask=m, other=0
+        )
+        before = running[None, :] + tl.cumsum(rows, axis=0) - rows
+        # The first chunk of each group stores the counts before it, for its group.
+        group = (r // GROUP_CHUNKS).to(tl.int64)
+        first = m & (r % GROUP_CHUNKS == 0)[:, None]
+        tl.store(offsets + group[:, None] * NE + experts[None, :], before, mask=first)
         running += tl.sum(rows, axis=0)
-    tl.store(scratch_ptr + num_chunks.to(tl.int64) * NE + experts, running, mask=live)
+    num_groups = (num_chunks + GROUP_CHUNKS - 1) // GROUP_CHUNKS
+    tl.store(offsets + num_groups.to(tl.int64) * NE + experts, running, mask=live)
 
 
-@triton.jit(do_not_specialize=["num_chunks", "num_sort_programs"])
+@triton.jit(do_not_specialize=["num_chunks", "num_sort_programs", "offsets_at"])
 def _sort_place_kernel(
     ids_ptr,
     w_ptr,
     count_ptr,
     scratch_ptr,
-    rank_ptr,
     sorted_token_ids_ptr,
     sorted_expert_ids_ptr,
     cumsum_ptr,
@@ -210,41 +251,58 @@ def _sort_place_kernel(
     M,
     stride_ids,
     stride_w,
+    ranks_at,
+    offsets_at,
     num_chunks,
     num_sort_programs,
     zero_numel,
     NE: tl.constexpr,
-    K: tl.constexpr,
-    B: tl.constexpr,
-    NE_B: tl.constexpr,
-    CH: tl.constexpr,
-    GE: tl.constexpr,
-    ZCH: tl.constexpr,
-    ZB: tl.constexpr,
-    RT: tl.constexpr,
+    TOPK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EXPERT_SLOTS: tl.constexpr,
+    CHUNK_PAIRS: tl.constexpr,
+    GROUP_CHUNKS: tl.constexpr,
+    GAP_EXPERTS: tl.constexpr,
+    ZERO_PER_PROGRAM: tl.constexpr,
+    ZERO_TILE: tl.constexpr,
+    INLINE_ROWS: tl.constexpr,
     HAS_COUNT: tl.constexpr,
     SINGLE: tl.constexpr,
     INLINE: tl.constexpr,
 ):
+    """Writes the sorted outputs. Programs by id ``p``:
+
+    * ``p < num_chunks``: place the pairs of chunk ``p`` (``sorted_token_ids``,
+      ``m_indices``, ``sorted_weights``, the ``sorted_expert_ids`` entry of every block
+      one of them begins, and ``reverse_sorted`` for every pair of the chunk, real or
+      not); program 0 also writes ``cumsum_tensor``.
+    * ``num_chunks <= p < num_sort_programs``: fill the gap slots (row ``M``, weight 0)
+      after the real pairs of ``GAP_EXPERTS`` experts.
+    * ``p >= num_sort_programs``: zero ``ZERO_PER_PROGRAM`` elements of ``bf16_zero_out``.
+
+    Every sort program first works out each expert's total and first slot: by counting
+    its one chunk itself (``SINGLE``), by summing the count table (``INLINE``), or by
+    reading the totals the offsets kernel wrote.
+    """
     pid = tl.program_id(0)
     if pid < num_sort_programs:
         n = _real_rows(count_ptr, M, HAS_COUNT)
-        real_pairs = n * K
-        all_pairs = M * K
-        experts = tl.arange(0, NE_B)
-        lane = tl.arange(0, CH)
+        real_pairs = n * TOPK
+        all_pairs = M * TOPK
+        experts = tl.arange(0, EXPERT_SLOTS)
+        lane = tl.arange(0, CHUNK_PAIRS)
         if SINGLE:
             # One chunk: count it here (no scratch); its offsets are all zero.
-            e_chunk = _expert_of(ids_ptr, lane, real_pairs, all_pairs, stride_ids, NE, K)
+            e_chunk = _expert_of(ids_ptr, lane, real_pairs, all_pairs, stride_ids, NE, TOPK)
             totals = tl.sum((e_chunk[None, :] == experts[:, None]).to(tl.int32), axis=1)
             totals = tl.where(experts < NE, totals, 0)
         elif INLINE:
             # Sum the count table here: every expert's total, and this chunk's offset
             # per expert (the counts of the chunks before it).
-            totals = tl.zeros([NE_B], dtype=tl.int32)
-            before = tl.zeros([NE_B], dtype=tl.int32)
-            for r0 in range(0, num_chunks, RT):
-                r = r0 + tl.arange(0, RT)
+            totals = tl.zeros([EXPERT_SLOTS], dtype=tl.int32)
+            before = tl.zeros([EXPERT_SLOTS], dtype=tl.int32)
+            for r0 in range(0, num_chunks, INLINE_ROWS):
+                r = r0 + tl.arange(0, INLINE_ROWS)
                 counts = tl.load(
                     scratch_ptr + r.to(tl.int64)[:, None] * NE + experts[None, :],
                     mask=(r < num_chunks)[:, None] & (experts < NE)[None, :],
@@ -253,12 +311,13 @@ def _sort_place_kernel(
                 totals += tl.sum(counts, axis=0)
                 before += tl.sum(tl.where((r < pid)[:, None], counts, 0), axis=0)
         else:
+            num_groups = (num_chunks + GROUP_CHUNKS - 1) // GROUP_CHUNKS
             totals = tl.load(
-                scratch_ptr + num_chunks.to(tl.int64) * NE + experts,
+                scratch_ptr + offsets_at + num_groups.to(tl.int64) * NE + experts,
                 mask=experts < NE,
                 other=0,
             )
-        padded = (totals + (B - 1)) // B * B
+        padded = (totals + (BLOCK - 1)) // BLOCK * BLOCK
         start = tl.cumsum(padded, axis=0) - padded
         if pid == 0:
             tl.store(cumsum_ptr, tl.sum(padded, axis=0))
@@ -269,53 +328,66 @@ def _sort_place_kernel(
             # Everything up to the stores is independent of the count (padded pairs come
             # after every real pair, so a real pair's rank and offset never involve
             # them), so these loads are in flight together with the count's.
-            idx = pid * CH + lane
-            e = _expert_of(ids_ptr, idx, all_pairs, all_pairs, stride_ids, NE, K)
+            idx = pid * CHUNK_PAIRS + lane
+            e = _expert_of(ids_ptr, idx, all_pairs, all_pairs, stride_ids, NE, TOPK)
             known = e < NE
-            tok = idx // K
-            k_slot = idx - tok * K
+            tok = idx // TOPK
+            k_slot = idx - tok * TOPK
             w = tl.load(w_ptr + tok.to(tl.int64) * stride_w + k_slot, mask=known, other=0.0)
             if SINGLE:
                 earlier = lane[None, :] < lane[:, None]
                 rank = tl.sum(((e[:, None] == e[None, :]) & earlier).to(tl.int32), axis=1)
                 slot = tl.gather(start, e, 0) + rank
             elif INLINE:
-                rank = tl.load(rank_ptr + pid.to(tl.int64) * CH + lane)
+                rank = tl.load(scratch_ptr + ranks_at + pid.to(tl.int64) * CHUNK_PAIRS + lane)
                 slot = tl.gather(start + before, e, 0) + rank
             else:
-                # rank from the count kernel; the chunk's offset from the offsets kernel
-                rank = tl.load(rank_ptr + pid.to(tl.int64) * CH + lane)
-                first = tl.load(scratch_ptr + pid.to(tl.int64) * NE + e, mask=known, other=0)
+                # The rank from the count kernel; the chunk's offset: the offsets
+                # kernel's value for its group plus the counts of the group's earlier
+                # chunks (one gather each, at most GROUP_CHUNKS - 1).
+                rank = tl.load(scratch_ptr + ranks_at + pid.to(tl.int64) * CHUNK_PAIRS + lane)
+                group = pid // GROUP_CHUNKS
+                first = tl.load(
+                    scratch_ptr + offsets_at + group.to(tl.int64) * NE + e, mask=known, other=0
+                )
+                for j in tl.static_range(GROUP_CHUNKS - 1):
+                    row = group * GROUP_CHUNKS + j
+                    first += tl.load(
+                        scratch_ptr + row.to(tl.int64) * NE + e, mask=known & (row < pid), other=0
+                    )
                 slot = tl.gather(start, e, 0) + first + rank
             ok = known & (idx < real_pairs)
             tl.store(sorted_token_ids_ptr + slot, tok | (k_slot << 24), mask=ok)
             tl.store(m_indices_ptr + slot, tok, mask=ok)
             tl.store(sorted_weights_ptr + slot, w.to(tl.float32), mask=ok)
             # Every block of an expert begins with a real pair: it names the block.
-            tl.store(sorted_expert_ids_ptr + slot // B, e, mask=ok & (slot % B == 0))
+            tl.store(sorted_expert_ids_ptr + slot // BLOCK, e, mask=ok & (slot % BLOCK == 0))
             tl.store(reverse_sorted_ptr + idx, tl.where(ok, slot, -1), mask=idx < all_pairs)
         else:
-            # Gap slots (row M, weight 0) after the real pairs of GE experts.
-            ge = (pid - num_chunks) * GE + tl.arange(0, GE)
+            # Gap slots (row M, weight 0) after the real pairs of GAP_EXPERTS experts.
+            ge = (pid - num_chunks) * GAP_EXPERTS + tl.arange(0, GAP_EXPERTS)
             live = ge < NE
             ge = tl.where(live, ge, 0)
             counts = tl.gather(totals, ge, 0)
             gap_start = tl.gather(start, ge, 0) + counts
             gap_len = tl.where(live, tl.gather(padded, ge, 0) - counts, 0)
-            g = tl.arange(0, B)
+            g = tl.arange(0, BLOCK)
             pos = gap_start[:, None] + g[None, :]
             gap = g[None, :] < gap_len[:, None]
-            tl.store(sorted_token_ids_ptr + pos, M + tl.zeros([GE, B], dtype=tl.int32), mask=gap)
-            tl.store(m_indices_ptr + pos, M + tl.zeros([GE, B], dtype=tl.int32), mask=gap)
-            tl.store(sorted_weights_ptr + pos, tl.zeros([GE, B], dtype=tl.float32), mask=gap)
+            row_m = M + tl.zeros([GAP_EXPERTS, BLOCK], dtype=tl.int32)
+            tl.store(sorted_token_ids_ptr + pos, row_m, mask=gap)
+            tl.store(m_indices_ptr + pos, row_m, mask=gap)
+            tl.store(
+                sorted_weights_ptr + pos, tl.zeros([GAP_EXPERTS, BLOCK], dtype=tl.float32), mask=gap
+            )
     else:
         # Zero bf16_zero_out: stage 2 accumulates into all M rows.
-        z0 = (pid - num_sort_programs).to(tl.int64) * ZCH
-        for zs in range(0, ZCH, ZB):
-            offs = z0 + zs + tl.arange(0, ZB)
+        z0 = (pid - num_sort_programs).to(tl.int64) * ZERO_PER_PROGRAM
+        for zs in range(0, ZERO_PER_PROGRAM, ZERO_TILE):
+            offs = z0 + zs + tl.arange(0, ZERO_TILE)
             tl.store(
                 zero_ptr + offs,
-                tl.zeros([ZB], dtype=zero_ptr.dtype.element_ty),
+                tl.zeros([ZERO_TILE], dtype=zero_ptr.dtype.element_ty),
                 mask=offs < zero_numel,
             )
 
@@ -329,19 +401,25 @@ class SortPlan:
     launches: int  # 1 (single), 2 (count, place) or 3 (count, offsets, place)
     chunks: int  # pair chunks: count-kernel programs and pair-placing programs
     chunk_pairs: int  # pairs per chunk (a power of two)
-    experts_block: int  # next_pow2(NE + 1): the place kernel's per-expert vectors
-    count_row_tile: int  # count kernel: row values zeroed per step
+    expert_slots: int  # next_pow2(NE + 1): the place kernel's per-expert vectors
+    row_zero_tile: int  # count kernel: row values zeroed per step
     inline_rows: int  # place kernel, inline offsets: count-table rows summed per step
-    gap_programs: int  # place programs that fill gap slots (GAP_EXPERTS experts each)
+    group_chunks: int  # offsets kernel: chunks per group (one offsets row per group)
+    groups: int  # groups of chunks
+    gap_experts: int  # experts whose gap slots one gap program fills
+    gap_programs: int  # place programs that fill gap slots
     zero_programs: int  # place programs that zero bf16_zero_out
     offset_rows: int  # offsets kernel: chunk rows per step
     offset_experts: int  # offsets kernel: experts per program
     offset_programs: int  # offsets-kernel programs (0 when it is not launched)
-    scratch_elems: int  # int32 scratch: counts [chunks, NE] | totals [NE] | ranks [pairs]
+    ranks_at: int  # int32 scratch: counts [chunks, NE] | ranks [pairs] | offsets [groups + 1, NE]
+    offsets_at: int
+    scratch_elems: int
 
 
-def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0) -> SortPlan:
-    """The launch plan for ``M`` rows of ``TOPK`` pairs over ``NE`` experts."""
+def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0, block: int = 16) -> SortPlan:
+    """The launch plan for ``M`` rows of ``TOPK`` pairs over ``NE`` experts in blocks of
+    ``block`` slots (the block size only sizes the gap-filling programs)."""
     pairs = max(M * TOPK, 1)
     pairs_p2 = triton.next_power_of_2(pairs)
     experts_p2 = triton.next_power_of_2(NE + 1)
@@ -353,24 +431,159 @@ def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0) -> SortPlan:
         chunk = min(chunk, pairs_p2)
     chunks = triton.cdiv(pairs, chunk)
     inline = not single and chunks * experts_p2 <= INLINE_OFFSETS_MAX_ELEMS
+    three = not single and not inline
+    group_chunks = GROUP_CHUNKS if three else 1
+    groups = triton.cdiv(chunks, group_chunks)
     offset_rows = min(triton.next_power_of_2(chunks), OFFSET_MAX_ROWS)
     offset_experts = max(1, min(OFFSET_TILE // offset_rows, triton.next_power_of_2(NE)))
+    gap_experts = max(1, min(MAX_GAP_EXPERTS, GAP_SLOTS // block))
+    ranks_at = 0 if single else chunks * NE
+    offsets_at = ranks_at + (0 if single else chunks * chunk)
     return SortPlan(
         single=single,
         inline_offsets=inline,
         launches=1 if single else 2 if inline else 3,
         chunks=chunks,
         chunk_pairs=chunk,
-        experts_block=experts_p2,
-        count_row_tile=min(COUNT_ROW_TILE, triton.next_power_of_2(NE)),
+        expert_slots=experts_p2,
+        row_zero_tile=min(COUNT_ROW_TILE, triton.next_power_of_2(NE)),
         inline_rows=max(1, INLINE_OFFSETS_TILE // experts_p2),
-        gap_programs=triton.cdiv(NE, GAP_EXPERTS),
+        group_chunks=group_chunks,
+        groups=groups,
+        gap_experts=gap_experts,
+        gap_programs=triton.cdiv(NE, gap_experts),
         zero_programs=triton.cdiv(zero_numel, ZERO_PER_PROGRAM),
         offset_rows=offset_rows,
         offset_experts=offset_experts,
-        offset_programs=0 if single or inline else triton.cdiv(NE, offset_experts),
-        scratch_elems=0 if single else (chunks + 1) * NE + chunks * chunk,
+        offset_programs=triton.cdiv(NE, offset_experts) if three else 0,
+        ranks_at=ranks_at,
+        offsets_at=offsets_at,
+        scratch_elems=0 if single else offsets_at + ((groups + 1) * NE if three else 0),
     )
+
+
+@dataclass(frozen=True)
+class SortProgram:
+    """Everything a call of one shape launches, built once per shape (see
+    :func:`sort_program`): the plan, grids and launchers with their constants bound."""
+
+    plan: SortPlan
+    count: KernelLauncher | None
+    offsets: KernelLauncher | None
+    place: KernelLauncher
+    place_grid: tuple[int]
+    sort_programs: int
+
+
+@functools.lru_cache(maxsize=4096)
+def sort_program(
+    M: int, NE: int, TOPK: int, MB: int, zero_numel: int, has_count: bool
+) -> SortProgram:
+    """The cached :class:`SortProgram` of a shape: nothing in it depends on the data."""
+    plan = sort_plan(M, NE, TOPK, zero_numel, MB)
+    count = offsets = None
+    if not plan.single:
+        count = launcher(
+            _sort_count_kernel,
+            NE=NE,
+            TOPK=TOPK,
+            CHUNK_PAIRS=plan.chunk_pairs,
+            ROW_ZERO_TILE=plan.row_zero_tile,
+            HAS_COUNT=has_count,
+            num_warps=COUNT_NUM_WARPS,
+        )
+    if plan.offset_programs:
+        offsets = launcher(
+            _sort_offsets_kernel,
+            NE=NE,
+            GROUP_CHUNKS=plan.group_chunks,
+            STRIP_EXPERTS=plan.offset_experts,
+            ROWS_PER_STEP=plan.offset_rows,
+            num_warps=OFFSETS_NUM_WARPS,
+        )
+    place = launcher(
+        _sort_place_kernel,
+        NE=NE,
+        TOPK=TOPK,
+        BLOCK=MB,
+        EXPERT_SLOTS=plan.expert_slots,
+        CHUNK_PAIRS=plan.chunk_pairs,
+        GROUP_CHUNKS=plan.group_chunks,
+        GAP_EXPERTS=plan.gap_experts,
+        ZERO_PER_PROGRAM=ZERO_PER_PROGRAM,
+        ZERO_TILE=ZERO_TILE,
+        INLINE_ROWS=plan.inline_rows,
+        HAS_COUNT=has_count,
+        SINGLE=plan.single,
+        INLINE=plan.inline_offsets,
+        num_warps=SINGLE_NUM_WARPS if plan.single else PLACE_NUM_WARPS,
+    )
+    sort_programs = plan.chunks + plan.gap_programs
+    return SortProgram(
+        plan=plan,
+        count=count,
+        offsets=offsets,
+        place=place,
+        place_grid=(sort_programs + plan.zero_programs,),
+        sort_programs=sort_programs,
+    )
+
+
+def _launch_sort(
+    topk_ids: torch.Tensor,
+    topk_weight: torch.Tensor,
+    sorted_token_ids: torch.Tensor,
+    sorted_expert_ids: torch.Tensor,
+    cumsum_tensor: torch.Tensor,
+    reverse_sorted: torch.Tensor,
+    sorted_weights: torch.Tensor,
+    m_indices: torch.Tensor,
+    zero_out: torch.Tensor | None,
+    m: int,
+    ne: int,
+    k: int,
+    mb: int,
+    count: torch.Tensor | None,
+) -> None:
+    """The launches of one sort, on checked arguments (Triton backends only);
+    ``zero_out``: the buffer to zero, if any."""
+    zero_numel = 0 if zero_out is None else zero_out.numel()
+    prog = sort_program(m, ne, k, mb, zero_numel, count is not None)
+    plan = prog.plan
+    count_arg = cumsum_tensor if count is None else count  # placeholder: never read
+    device = topk_ids.device
+    with device_guard(device):
+        if plan.single:
+            buf = cumsum_tensor  # placeholder, never read
+        else:
+            buf = scratch("moe_sort", plan.scratch_elems, torch.int32, device)
+            prog.count(
+                (plan.chunks,), topk_ids, count_arg, buf, m, topk_ids.stride(0), plan.ranks_at
+            )
+            if prog.offsets is not None:
+                prog.offsets((plan.offset_programs,), buf, plan.chunks, plan.offsets_at)
+        prog.place(
+            prog.place_grid,
+            topk_ids,
+            topk_weight,
+            count_arg,
+            buf,
+            sorted_token_ids,
+            sorted_expert_ids,
+            cumsum_tensor,
+            reverse_sorted,
+            sorted_weights,
+            m_indices,
+            sorted_weights if zero_out is None or zero_numel == 0 else zero_out,
+            m,
+            topk_ids.stride(0),
+            topk_weight.stride(0),
+            plan.ranks_at,
+            plan.offsets_at,
+            plan.chunks,
+            prog.sort_programs,
+            zero_numel,
+        )
 
 
 def mxfp4_moe_sort(
@@ -410,10 +623,11 @@ def mxfp4_moe_sort(
     strategy and do not change the outputs.
 
     ``topk_ids`` int32/int64 and ``topk_weight`` float32/bfloat16/float16, ``[rows >= M,
-    TOPK]`` with unit column stride; outputs int32 (``sorted_weights`` float32),
-    contiguous, at least as large as aiter's ``_adaptive_moe_sort`` allocates them. Bad
-    inputs raise ``TypeError``/``ValueError`` before anything is written. No host
-    synchronization; capturable in a CUDA/HIP graph.
+    TOPK]`` with unit column stride and rows of their own (``TOPK <= 128``, the packed
+    slot's 7 bits); outputs int32 (``sorted_weights`` float32), contiguous, at least as
+    large as aiter's ``_adaptive_moe_sort`` allocates them, sharing no memory with each
+    other or with the inputs. Bad inputs raise ``TypeError``/``ValueError`` before
+    anything is written. No host synchronization; capturable in a CUDA/HIP graph.
     """
     args = (
         topk_ids, topk_weight, sorted_token_ids, sorted_expert_ids, cumsum_tensor,
@@ -421,85 +635,13 @@ def mxfp4_moe_sort(
         M_logical, NE, TOPK, D_HIDDEN, D_INTER, MB, prologue, num_local_tokens,
     )  # fmt: skip
     m, ne, k, mb, count = check_sort_args(*args)
-    device = topk_ids.device
-    if triton_backend(device) == "torch-reference":
+    if triton_backend(topk_ids.device) == "torch-reference":
         mxfp4_moe_sort_reference(*args)
         return
-
-    zero_numel = bf16_zero_out.numel()
-    plan = sort_plan(m, ne, k, zero_numel)
-    has_count = count is not None
-    count_arg = count if has_count else cumsum_tensor  # placeholder when there is none
-    with device_guard(device):
-        if plan.single:
-            scratch = ranks = cumsum_tensor  # placeholders, never read
-        else:
-            buf = torch.empty(plan.scratch_elems, dtype=torch.int32, device=device)
-            ranks_at = plan.scratch_elems - plan.chunks * plan.chunk_pairs
-            scratch, ranks = buf[:ranks_at], buf[ranks_at:]
-            launch(
-                _sort_count_kernel,
-                (plan.chunks,),
-                topk_ids,
-                count_arg,
-                scratch,
-                ranks,
-                m,
-                topk_ids.stride(0),
-                NE=ne,
-                K=k,
-                CH=plan.chunk_pairs,
-                ZT=plan.count_row_tile,
-                HAS_COUNT=has_count,
-                num_warps=COUNT_NUM_WARPS,
-            )
-            if plan.offset_programs:
-                launch(
-                    _sort_offsets_kernel,
-                    (plan.offset_programs,),
-                    scratch,
-                    plan.chunks,
-                    NE=ne,
-                    ES=plan.offset_experts,
-                    ROWS=plan.offset_rows,
-                    num_warps=OFFSETS_NUM_WARPS,
-                )
-        sort_programs = plan.chunks + plan.gap_programs
-        launch(
-            _sort_place_kernel,
-            (sort_programs + plan.zero_programs,),
-            topk_ids,
-            topk_weight,
-            count_arg,
-            scratch,
-            ranks,
-            sorted_token_ids,
-            sorted_expert_ids,
-            cumsum_tensor,
-            reverse_sorted,
-            sorted_weights,
-            m_indices,
-            bf16_zero_out if zero_numel > 0 else sorted_weights,
-            m,
-            topk_ids.stride(0),
-            topk_weight.stride(0),
-            plan.chunks,
-            sort_programs,
-            zero_numel,
-            NE=ne,
-            K=k,
-            B=mb,
-            NE_B=plan.experts_block,
-            CH=plan.chunk_pairs,
-            GE=GAP_EXPERTS,
-            ZCH=ZERO_PER_PROGRAM,
-            ZB=ZERO_TILE,
-            RT=plan.inline_rows,
-            HAS_COUNT=has_count,
-            SINGLE=plan.single,
-            INLINE=plan.inline_offsets,
-            num_warps=SINGLE_NUM_WARPS if plan.single else PLACE_NUM_WARPS,
-        )
+    _launch_sort(
+        topk_ids, topk_weight, sorted_token_ids, sorted_expert_ids, cumsum_tensor,
+        reverse_sorted, sorted_weights, m_indices, bf16_zero_out, m, ne, k, mb, count,
+    )  # fmt: skip
     if bf16_zero_workspace.numel() > 0:
         bf16_zero_workspace.zero_()
 
@@ -524,19 +666,18 @@ def adaptive_moe_sort(
     ``(sorted_token_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf)``,
     plus ``(m_indices, reverse_sorted)`` when ``emit_aux``. ``moe_buf`` is ``[M,
     model_dim]`` when ``atomic`` (zeroed by the sort only when ``block_size == 16``, as
-    in aiter) and ``[0, 0]`` otherwise.
+    in aiter) and ``[0, 0]`` otherwise. Only the inputs are checked: the outputs are
+    this function's own fresh buffers.
     """
     topk_ids = check_tensor("topk_ids", topk_ids)
     if topk_ids.dim() != 2:
         raise ValueError(f"topk_ids must be 2-D [rows, topk], got shape {tuple(topk_ids.shape)}")
-    num_experts = check_int("num_experts", num_experts, 1, MAX_SORT_EXPERTS)
-    topk = check_int("topk", topk, 1, MAX_SORT_TOPK)
-    BM = check_int("block_size", block_size)
-    if BM not in SORT_BLOCK_SIZES:
-        raise ValueError(f"block_size must be one of {SORT_BLOCK_SIZES}, got {BM}")
+    topk_ids, topk_weights, M, num_experts, topk, BM, count = check_sort_inputs(
+        topk_ids, topk_weights, topk_ids.shape[0], num_experts, topk, block_size,
+        num_local_tokens, weights_name="topk_weights", names=("num_experts", "topk", "block_size"),
+    )  # fmt: skip
     model_dim = check_int("model_dim", model_dim, 0)
     device = topk_ids.device
-    M = topk_ids.shape[0]
     max_sorted = max_sorted_size(M, topk, num_experts, BM)
     i32 = torch.int32
     sorted_token_ids = torch.empty(max_sorted, dtype=i32, device=device)
@@ -545,32 +686,22 @@ def adaptive_moe_sort(
     sorted_weights = torch.empty(max_sorted, dtype=torch.float32, device=device)
     reverse_sorted = torch.empty(M * topk, dtype=i32, device=device)
     m_indices = torch.empty(max_sorted, dtype=i32, device=device)
-    moe_buf = (
-        torch.empty((M, model_dim), dtype=moebuf_dtype, device=device)
-        if atomic
-        else torch.empty((0, 0), dtype=moebuf_dtype, device=device)
-    )
-    empty_bf16 = torch.empty(0, dtype=torch.bfloat16, device=device)
-    mxfp4_moe_sort(
-        topk_ids=topk_ids,
-        topk_weight=topk_weights,
-        sorted_token_ids=sorted_token_ids,
-        sorted_expert_ids=sorted_expert_ids,
-        cumsum_tensor=num_valid_ids,
-        reverse_sorted=reverse_sorted,
-        sorted_weights=sorted_weights,
-        m_indices=m_indices,
-        bf16_zero_out=moe_buf if (atomic and BM == 16) else empty_bf16,
-        bf16_zero_workspace=empty_bf16,
-        M_logical=M,
-        NE=num_experts,
-        TOPK=topk,
-        D_HIDDEN=model_dim,
-        D_INTER=1,
-        MB=BM,
-        prologue=0 if BM == 16 else 1,
-        num_local_tokens=num_local_tokens,
-    )
+    moe_buf = torch.empty((M, model_dim) if atomic else (0, 0), dtype=moebuf_dtype, device=device)
+    zero_out = moe_buf if (atomic and BM == 16) else None
+    if triton_backend(device) == "torch-reference":
+        empty_bf16 = torch.empty(0, dtype=torch.bfloat16, device=device)
+        mxfp4_moe_sort_reference(
+            topk_ids, topk_weights, sorted_token_ids, sorted_expert_ids, num_valid_ids,
+            reverse_sorted, sorted_weights, m_indices,
+            empty_bf16 if zero_out is None else zero_out, empty_bf16,
+            M, num_experts, topk, model_dim, 1, BM, 0 if BM == 16 else 1, count,
+        )  # fmt: skip
+    else:
+        _launch_sort(
+            topk_ids, topk_weights, sorted_token_ids, sorted_expert_ids, num_valid_ids,
+            reverse_sorted, sorted_weights, m_indices, zero_out, M, num_experts, topk, BM,
+            count,
+        )  # fmt: skip
     std = (sorted_token_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf)
     if emit_aux:
         return (*std, m_indices, reverse_sorted)

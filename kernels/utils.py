@@ -3,19 +3,33 @@
 - :func:`triton_backend`: how kernels run on a device (compiled Triton, Triton's
   interpreter, or the plain-torch reference on a CPU without the interpreter).
 - :func:`device_guard`: make a tensor's GPU current for a launch (Triton launches on
-  the current device).
-- :func:`launch`: the one call through which every kernel of this package is launched.
-  :func:`capture_launches` records the launches instead of running them, so tools can
-  see exactly what the package's own launch planning asks for (e.g. with tensors on
-  the ``meta`` device, which never run) and compile it for other targets.
+  the current device), and nothing when it already is.
+- :class:`KernelLauncher` / :func:`launch`: the one path through which every kernel of
+  this package is launched. :func:`capture_launches` records the launches instead of
+  running them, so tools can see exactly what the package's own launch planning asks
+  for (e.g. with tensors on the ``meta`` device, which never run) and compile it for
+  other targets.
+- :func:`scratch`: a reusable device buffer for a kernel's intermediate values.
 - :func:`max_sorted_size`: the sort's worst-case output length, as aiter sizes it.
 - :func:`real_rows`: a host-side row count, clamped as the kernels clamp it on the device.
+
+Launch cost. ``kernel[grid](*args, **meta)`` (Triton's own launch path) binds the
+arguments, computes their specialization key, looks the compiled kernel up and
+builds launch metadata on every call: tens of microseconds of host time per launch on a
+slow host CPU, more than these kernels run on the GPU. A :class:`KernelLauncher` takes
+that path once per specialization, keeps the compiled kernel it returns, and later
+calls the compiled kernel's launcher directly with the current stream (Triton 3.3 and
+later; the same call Triton itself makes at the end of its path). Set
+``SGLANG_AMD_MOE_PLAIN_LAUNCH=1`` to always take Triton's own path.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
+import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +44,10 @@ def _interpreter_probe_kernel():
     pass
 
 
+# Triton decides interpretation once, when a kernel is decorated.
+_INTERPRETING = isinstance(_interpreter_probe_kernel, InterpretedFunction)
+
+
 def triton_backend(device: torch.device) -> str:
     """How the kernels of this package run on ``device``.
 
@@ -38,7 +56,7 @@ def triton_backend(device: torch.device) -> str:
     Triton decides interpretation once, when a kernel is decorated, so setting the
     variable after ``import triton`` has no effect.
     """
-    if isinstance(_interpreter_probe_kernel, InterpretedFunction):
+    if _INTERPRETING:
         return "triton-interpreter"
     if device.type == "cpu":
         return "torch-reference"
@@ -46,10 +64,18 @@ def triton_backend(device: torch.device) -> str:
 
 
 def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
-    """Make ``device`` current for a Triton launch (Triton launches on the current GPU)."""
-    if device.type == "cuda":
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
+    """Make ``device`` current for a Triton launch (Triton launches on the current GPU).
+
+    A no-op when ``device`` is not a GPU or is already the current one: switching the
+    device costs host time on every call, and in a server it is nearly always current.
+    """
+    if device.type == "cuda" and device.index is not None:
+        if device.index != _current_device():
+            return torch.cuda.device(device)
+    return _NO_GUARD
+
+
+_NO_GUARD = contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -67,21 +93,9 @@ _CAPTURED: contextvars.ContextVar[list[Launch] | None] = contextvars.ContextVar(
 )
 
 
-def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
-    """Launch ``kernel`` over ``grid`` with ``args`` and ``meta`` (constexprs, num_warps).
-
-    Inside :func:`capture_launches` the launch is recorded, not run.
-    """
-    captured = _CAPTURED.get()
-    if captured is not None:
-        captured.append(Launch(kernel, tuple(grid), args, meta))
-        return
-    kernel[grid](*args, **meta)
-
-
 @contextlib.contextmanager
 def capture_launches() -> Iterator[list[Launch]]:
-    """Record every :func:`launch` made inside the block (in order) instead of running it."""
+    """Record every launch made inside the block (in order) instead of running it."""
     captured: list[Launch] = []
     token = _CAPTURED.set(captured)
     try:
@@ -90,6 +104,274 @@ def capture_launches() -> Iterator[list[Launch]]:
         _CAPTURED.reset(token)
 
 
+# ----------------------------------------------------------------------------- launch
+FAST_LAUNCH = os.environ.get("SGLANG_AMD_MOE_PLAIN_LAUNCH", "") not in ("1", "true", "yes")
+
+_IS_HIP = torch.version.hip is not None
+# Attributes Triton may specialize a runtime argument on that the fast path's key
+# determines: 16-byte divisibility (pointers and ints), and on AMD a pointer whose
+# buffer spans at most 2 GiB (32-bit buffer offsets). A compiled kernel with any other
+# attribute is launched through Triton's own path only.
+_KNOWN_ATTRS = (["tt.divisibility", 16], ["tt.pointer_range", 32])
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_TWO_GIB = 2**31 - 1
+
+try:  # Triton >= 3.4
+    from triton import knobs as _knobs
+
+    def _launch_hooks_active() -> bool:
+        hook = _knobs.runtime.launch_enter_hook
+        return hook is not None and bool(getattr(hook, "calls", True))
+
+except ImportError:  # Triton 3.3: the hooks are class attributes of CompiledKernel
+    from triton.compiler import CompiledKernel as _CompiledKernel
+
+    def _launch_hooks_active() -> bool:
+        return _CompiledKernel.launch_enter_hook is not None
+
+
+def _current_device() -> int:
+    return torch._C._cuda_getDevice()
+
+
+def _current_raw_stream(index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+def _arg_key(args: tuple) -> tuple:
+    """What Triton may specialize each runtime argument on, as a hashable key.
+
+    A superset of Triton's own rule (3.3 to 3.8): for an int, its type by range, whether
+    it is 1 (then a constant) and whether it divides by 16; for a tensor, its dtype,
+    whether its address divides by 16 and, on AMD, whether its buffer spans at most
+    2 GiB. Two argument lists with one key compile to one kernel.
+    """
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            ptr = a.data_ptr()
+            if _IS_HIP:
+                key.append((a.dtype, ptr & 15, a.untyped_storage().nbytes() <= _TWO_GIB))
+            else:
+                key.append((a.dtype, ptr & 15))
+        elif isinstance(a, bool) or a is None:
+            key.append(a)
+        elif isinstance(a, int):
+            if _INT32_MIN <= a <= _INT32_MAX:
+                key.append((a == 1, a & 15 == 0))
+            else:
+                key.append((a == 1, a & 15 == 0, a > 0, a >= 2**63))
+        else:
+            key.append(type(a))
+    return tuple(key)
+
+
+def _generic_key(*args: Any) -> tuple:
+    return _arg_key(args)
+
+
+def _arg_kinds(args: tuple) -> str | None:
+    """``"t"`` per tensor and ``"i"`` per int (not bool) argument; None for anything else."""
+    kinds = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            kinds.append("t")
+        elif type(a) is int:
+            kinds.append("i")
+        else:
+            return None
+    return "".join(kinds)
+
+
+def _key_function(kinds: str):
+    """The key of :func:`_arg_key` for arguments of ``kinds``, as straight-line code
+    (about half the host time of the generic loop for the sort's place kernel)."""
+    parts = []
+    for i, kind in enumerate(kinds):
+        if kind == "t":
+            parts.append(f"a{i}.dtype, a{i}.data_ptr() & 15")
+            if _IS_HIP:
+                parts.append(f"a{i}.untyped_storage().nbytes() <= {_TWO_GIB}")
+        else:
+            parts.append(
+                f"a{i} == 1, a{i} & 15 == 0, {_INT32_MIN} <= a{i} <= {_INT32_MAX}, a{i} > 0"
+            )
+    names = ", ".join(f"a{i}" for i in range(len(kinds)))
+    namespace: dict[str, Any] = {}
+    exec(f"def key({names}):\n    return ({', '.join(parts)},)\n", namespace)  # noqa: S102
+    return namespace["key"]
+
+
+def _fast_launch_ok(compiled: Any) -> bool:
+    """Whether the compiled kernel can be launched directly with the fast path's key:
+    the launcher and handles are where Triton 3.3-3.8 keep them, and every attribute
+    it was specialized on is one the key determines."""
+    try:
+        if not callable(compiled.run) or compiled.function is None:
+            return False
+        _ = compiled.packed_metadata
+        attrs = compiled.src.attrs
+    except Exception:  # noqa: BLE001 - any other layout: keep Triton's own path
+        return False
+    return all(a in _KNOWN_ATTRS for values in attrs.values() for a in values)
+
+
+class KernelLauncher:
+    """A ``@triton.jit`` kernel with fixed constexprs and options (``num_warps``).
+
+    Calling it with a grid and the runtime arguments (in parameter order) launches the
+    kernel on the current device and stream, records it inside
+    :func:`capture_launches`, or, on the first call for a specialization (and whenever
+    Triton's launch hooks are set, e.g. by a profiler), goes through
+    ``kernel[grid](*args, **meta)``. Thread-safe; one instance serves every device.
+    """
+
+    __slots__ = ("kernel", "meta", "_constexprs", "_nargs", "_compiled", "_lock", "_kinds", "_key")
+
+    def __init__(self, kernel: Any, **meta: Any) -> None:
+        self.kernel = kernel
+        self.meta = meta
+        names = list(getattr(kernel, "arg_names", ()))
+        params = [n for n in names if n not in meta]
+        self._nargs = len(params)
+        # Constexpr values in parameter order, passed after the runtime arguments
+        # (Triton's launcher takes every parameter and skips the constexprs).
+        self._constexprs = tuple(meta[n] for n in names if n in meta)
+        if names and names[self._nargs :] != [n for n in names if n in meta]:
+            # Constexprs interleaved with runtime parameters: keep Triton's own path.
+            self._nargs = -1
+        self._compiled: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+        # Argument kinds of the first call, and the key function built for them: a call
+        # site passes a tensor or an int at each position, always the same.
+        self._kinds: str | None = None
+        self._key = _generic_key
+
+    def __repr__(self) -> str:
+        return f"KernelLauncher({getattr(self.kernel, '__name__', self.kernel)}, {self.meta})"
+
+    def __call__(self, grid: tuple[int, ...], *args: Any) -> None:
+        captured = _CAPTURED.get()
+        if captured is not None:
+            captured.append(Launch(self.kernel, tuple(grid), args, dict(self.meta)))
+            return
+        if not FAST_LAUNCH or self._nargs != len(args) or _INTERPRETING:
+            self.kernel[grid](*args, **self.meta)
+            return
+        index = _current_device()
+        try:
+            key = (index, self._key(*args))
+        except Exception:  # noqa: BLE001 - a position changed kind: key generically
+            self._key = _generic_key
+            key = (index, self._key(*args))
+        compiled = self._compiled.get(key)
+        if compiled is None or _launch_hooks_active():
+            compiled = self.kernel[grid](*args, **self.meta)
+            if compiled is not None and key not in self._compiled:
+                self._learn(args)
+                key = (index, self._key(*args))
+                direct = False  # this specialization keeps Triton's own path
+                if _fast_launch_ok(compiled):
+                    direct = (compiled.run, compiled.function, compiled.packed_metadata)
+                with self._lock:
+                    self._compiled[key] = direct
+            return
+        if compiled is False:
+            self.kernel[grid](*args, **self.meta)
+            return
+        # Triton's launcher: grid, stream, function, packed metadata, no launch metadata
+        # or hooks (none are set: checked above), then every parameter in order.
+        run, function, packed = compiled
+        run(
+            grid[0],
+            grid[1] if len(grid) > 1 else 1,
+            grid[2] if len(grid) > 2 else 1,
+            _current_raw_stream(index),
+            function,
+            packed,
+            None,
+            None,
+            None,
+            *args,
+            *self._constexprs,
+        )
+
+    def _learn(self, args: tuple) -> None:
+        """On a miss: key with straight-line code while every call passes the same kinds
+        of arguments as the first, generically otherwise."""
+        kinds = _arg_kinds(args)
+        if self._kinds is None and kinds is not None:
+            self._kinds, self._key = kinds, _key_function(kinds)
+        elif kinds != self._kinds:
+            self._key = _generic_key
+
+    def compiled_count(self) -> int:
+        """How many specializations this launcher launches directly (for tests)."""
+        return sum(1 for c in self._compiled.values() if c is not False)
+
+
+_LAUNCHERS: dict[tuple, KernelLauncher] = {}
+
+
+def launcher(kernel: Any, **meta: Any) -> KernelLauncher:
+    """The shared :class:`KernelLauncher` for ``kernel`` with ``meta``."""
+    key = (kernel, tuple(sorted(meta.items())))
+    found = _LAUNCHERS.get(key)
+    if found is None:
+        found = _LAUNCHERS.setdefault(key, KernelLauncher(kernel, **meta))
+    return found
+
+
+def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
+    """Launch ``kernel`` over ``grid`` with ``args`` and ``meta`` (constexprs, num_warps).
+
+    Inside :func:`capture_launches` the launch is recorded, not run. Hot paths keep the
+    :func:`launcher` object instead, which saves building its key on every call.
+    """
+    launcher(kernel, **meta)(grid, *args)
+
+
+# ---------------------------------------------------------------------------- scratch
+# Scratch buffers for eager calls, one per (device, stream, host thread, name): work
+# queued on one stream runs in order, so consecutive calls on a stream can reuse one
+# buffer, while calls on two streams (which may overlap on the GPU) or from two host
+# threads (whose launches may interleave on one stream) never share one. Bounded, least
+# recently used first out.
+_SCRATCH: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
+_SCRATCH_MAX = 64
+_SCRATCH_LOCK = threading.Lock()
+
+
+def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A device buffer of at least ``numel`` elements whose contents are undefined.
+
+    Eagerly, the buffer is cached per (device, current stream, host thread, ``name``)
+    and grows to
+    the largest size asked for, so a call allocates nothing. While the current stream
+    is being captured into a CUDA/HIP graph, a fresh buffer is allocated instead: it
+    comes from the graph's private memory pool, so a replay never shares memory with
+    eager calls or with another graph that may run on another stream at the same time.
+    Off the GPU (``meta`` or CPU tensors) a fresh buffer, too.
+    """
+    if device.type != "cuda" or torch._C._cuda_isCurrentStreamCapturing():
+        return torch.empty(max(numel, 1), dtype=dtype, device=device)
+    index = device.index if device.index is not None else _current_device()
+    key = (index, _current_raw_stream(index), threading.get_ident(), name, dtype)
+    buf = _SCRATCH.get(key)
+    if buf is not None and buf.numel() >= numel:
+        return buf
+    with _SCRATCH_LOCK:
+        buf = torch.empty(
+            max(numel, 1024, 0 if buf is None else 2 * buf.numel()), dtype=dtype, device=device
+        )
+        _SCRATCH[key] = buf
+        _SCRATCH.move_to_end(key)
+        while len(_SCRATCH) > _SCRATCH_MAX:
+            _SCRATCH.popitem(last=False)
+    return buf
+
+
+# ------------------------------------------------------------------------------ sizes
 def max_sorted_size(num_rows: int, topk: int, num_experts: int, block_size: int) -> int:
     """Worst-case sorted length, exactly as aiter's ``_adaptive_moe_sort`` allocates it.
 

@@ -27,12 +27,18 @@ def test_benchmarks_md_is_generated_from_the_committed_json(
     for png in (REPO / "docs").glob("bench_*.png"):
         shutil.copy(png, tmp_path / png.name)
     out = tmp_path / "benchmarks.md"
-    report.main([
-        "--results", str(BENCH / "results" / "h200.json"),
-        "--notes-file", str(BENCH / "results" / "h200-notes.md"),
-        "--out", str(out),
-        "--plots-dir", str(tmp_path),
-    ])
+    report.main(
+        [
+            "--results",
+            str(BENCH / "results" / "h200.json"),
+            "--notes-file",
+            str(BENCH / "results" / "h200-notes.md"),
+            "--out",
+            str(out),
+            "--plots-dir",
+            str(tmp_path),
+        ]
+    )
     assert out.read_text() == (REPO / "docs" / "benchmarks.md").read_text(), (
         "docs/benchmarks.md differs from what `make bench-docs` generates"
     )

@@ -13,20 +13,13 @@ import sglang_amd_moe.kernels.mask_padded_rows as mask_mod
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_helpers import ROWS_COUNTS, bits, kernel_device
 from sglang_amd_moe.kernels import mask_padded_rows_, mask_padded_rows_reference_
 from sglang_amd_moe.kernels.utils import triton_backend
 
-BACKEND = triton_backend(torch.device("cpu"))
-DEV = "cpu" if BACKEND == "triton-interpreter" else "cuda"
-if DEV == "cuda" and not torch.cuda.is_available():
-    pytest.fail(
-        "no GPU and Triton is not interpreting: TRITON_INTERPRET=1 must be set before "
-        "triton is imported (tests/conftest.py does this unless the variable is set)",
-        pytrace=False,
-    )
+DEV = kernel_device()
 ID_DTYPES = [torch.int32, torch.int64]
 W_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-ROWS_COUNTS = [(1, 1), (4, 0), (4, 3), (16, 5), (48, 47), (48, 48), (256, 200)]
 
 
 @pytest.fixture(autouse=True)
@@ -42,11 +35,6 @@ def _kernel_only(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_kernel_runs_through_triton() -> None:
     expected = "triton-interpreter" if DEV == "cpu" else "triton"
     assert triton_backend(torch.device(DEV)) == expected
-
-
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    """Same-width integer view, so NaNs compare bit for bit."""
-    return x.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
 def _inputs(M: int, K: int, id_dtype: torch.dtype, w_dtype: torch.dtype, seed: int = 0):
@@ -65,7 +53,7 @@ def _check(ids: torch.Tensor, w: torch.Tensor, count, fill_value: int = 0) -> No
     mask_padded_rows_reference_(ref_ids, ref_w, count, fill_value)
     mask_padded_rows_(ids, w, count, fill_value)
     assert torch.equal(ids, ref_ids)
-    assert torch.equal(_bits(w), _bits(ref_w))
+    assert torch.equal(bits(w), bits(ref_w))
 
 
 @pytest.mark.parametrize("K", [11, 16])
@@ -79,9 +67,9 @@ def test_fixed_cases_with_garbage_padding(M: int, n: int, K: int) -> None:
             ref_ids, ref_w = ids.clone(), w.clone()
             mask_padded_rows_(ids, w, _count(n))
             assert torch.equal(ids[:n], ref_ids[:n])
-            assert torch.equal(_bits(w[:n]), _bits(ref_w[:n]))
+            assert torch.equal(bits(w[:n]), bits(ref_w[:n]))
             assert bool((ids[n:] == 0).all())
-            assert torch.equal(_bits(w[n:]), _bits(torch.zeros_like(w[n:])))
+            assert torch.equal(bits(w[n:]), bits(torch.zeros_like(w[n:])))
             ids2, w2 = _inputs(M, K, id_dtype, w_dtype, seed=M * 100 + n)
             ids2[n:], w2[n:] = -1, float("nan")
             _check(ids2, w2, _count(n))
@@ -93,7 +81,7 @@ def test_no_count_is_a_no_op() -> None:
     before_ids, before_w = ids.clone(), w.clone()
     mask_padded_rows_(ids, w, None)
     assert torch.equal(ids, before_ids)
-    assert torch.equal(_bits(w), _bits(before_w))
+    assert torch.equal(bits(w), bits(before_w))
 
 
 @pytest.mark.parametrize("n", [49, 1000, 2**31 - 1])
@@ -102,7 +90,7 @@ def test_count_larger_than_rows_masks_nothing(n: int) -> None:
     before_ids, before_w = ids.clone(), w.clone()
     mask_padded_rows_(ids, w, _count(n))
     assert torch.equal(ids, before_ids)
-    assert torch.equal(_bits(w), _bits(before_w))
+    assert torch.equal(bits(w), bits(before_w))
 
 
 @pytest.mark.parametrize("n", [-1, -5, -(2**31)])
@@ -110,7 +98,7 @@ def test_negative_count_masks_every_row(n: int) -> None:
     ids, w = _inputs(16, 11, torch.int64, torch.bfloat16)
     mask_padded_rows_(ids, w, _count(n), fill_value=3)
     assert bool((ids == 3).all())
-    assert torch.equal(_bits(w), _bits(torch.zeros_like(w)))
+    assert torch.equal(bits(w), bits(torch.zeros_like(w)))
 
 
 def test_int64_count_beyond_int32() -> None:
@@ -122,8 +110,9 @@ def test_int64_count_beyond_int32() -> None:
 
 @pytest.mark.parametrize("n", [0, 5, 2**40, -(2**40)])
 def test_wide_offsets_path_matches_reference(n: int) -> None:
-    """Tensors of 2**31 elements or more take int64 offsets (WIDE), too large to allocate
-    in a test: launch that path on a small tensor, as ``_launch_mask`` would for a huge one."""
+    """Tensors of 2**31 elements or more take int64 offsets (``INT64_OFFSETS``), too large
+    to allocate in a test: launch that path on a small tensor, as ``_launch_mask`` would
+    for a huge one."""
     M, K = 37, 11
     ids, w = _inputs(M, K, torch.int64, torch.bfloat16, seed=4)
     ref_ids, ref_w = ids.clone(), w.clone()
@@ -131,10 +120,11 @@ def test_wide_offsets_path_matches_reference(n: int) -> None:
     mask_padded_rows_reference_(ref_ids, ref_w, count, 2)
     grid, block_m, block_k = mask_mod.mask_launch_config(M, K, flat=True)
     mask_mod._mask_padded_rows_kernel[(grid,)](
-        ids, w, count, M, K, K, K, 2, BLOCK_M=block_m, BLOCK_K=block_k, FLAT=True, WIDE=True
-    )
+        ids, w, count, M, K, K, K, 2,
+        BLOCK_M=block_m, BLOCK_K=block_k, CONTIGUOUS=True, INT64_OFFSETS=True,
+    )  # fmt: skip
     assert torch.equal(ids, ref_ids)
-    assert torch.equal(_bits(w), _bits(ref_w))
+    assert torch.equal(bits(w), bits(ref_w))
 
 
 def test_column_slice_with_row_stride() -> None:
@@ -146,7 +136,7 @@ def test_column_slice_with_row_stride() -> None:
     mask_padded_rows_reference_(ref_ids_buf[:, 1:12], ref_w_buf[:, 2:13], _count(17), 0)
     mask_padded_rows_(ids, w, _count(17))
     assert torch.equal(ids_buf, ref_ids_buf)
-    assert torch.equal(_bits(w_buf), _bits(ref_w_buf))
+    assert torch.equal(bits(w_buf), bits(ref_w_buf))
     assert bool((ids_buf[17:, 0] != 0).any())  # the column left of the slice kept its ids
 
 
@@ -166,7 +156,7 @@ def test_large_batch_many_programs(flat: bool) -> None:
         mask_padded_rows_reference_(ref_ids_buf[:, :K], ref_w_buf[:, :K], _count(n), 0)
         mask_padded_rows_(ids, w, _count(n))
         assert torch.equal(ids_buf, ref_ids_buf)
-        assert torch.equal(_bits(w_buf), _bits(ref_w_buf))
+        assert torch.equal(bits(w_buf), bits(ref_w_buf))
 
 
 def test_empty_tensors() -> None:
@@ -197,7 +187,7 @@ def test_matches_reference_randomized(
     mask_padded_rows_reference_(ref_ids_buf[:, :K], ref_w_buf[:, extra_cols:], count, fill_value)
     mask_padded_rows_(ids, w, count, fill_value)
     assert torch.equal(ids_buf, ref_ids_buf)
-    assert torch.equal(_bits(w_buf), _bits(ref_w_buf))
+    assert torch.equal(bits(w_buf), bits(ref_w_buf))
 
 
 def test_inside_torch_compile() -> None:
@@ -224,9 +214,7 @@ def test_inside_torch_compile() -> None:
 
 def test_custom_op_registration() -> None:
     ids, w = _inputs(10, 4, torch.int32, torch.float32)
-    torch.library.opcheck(
-        torch.ops.sglang_amd_moe.mask_padded_rows.default, (ids, w, _count(6), 0)
-    )
+    torch.library.opcheck(torch.ops.sglang_amd_moe.mask_padded_rows.default, (ids, w, _count(6), 0))
 
 
 # ----------------------------------------------------------------------- bad inputs
@@ -248,8 +236,14 @@ def _bad_cases():
         ("float count", lambda i, w, c: ((i, w, c.float()), TypeError)),
         ("bool count", lambda i, w, c: ((i, w, c.bool()), TypeError)),
         ("int16 count", lambda i, w, c: ((i, w, c.short()), TypeError)),
-        ("two-element count", lambda i, w, c: ((i, w, torch.zeros(2, dtype=torch.int32, device=DEV)), ValueError)),
-        ("empty count", lambda i, w, c: ((i, w, torch.zeros(0, dtype=torch.int32, device=DEV)), ValueError)),
+        (
+            "two-element count",
+            lambda i, w, c: ((i, w, torch.zeros(2, dtype=torch.int32, device=DEV)), ValueError),
+        ),
+        (
+            "empty count",
+            lambda i, w, c: ((i, w, torch.zeros(0, dtype=torch.int32, device=DEV)), ValueError),
+        ),
         ("count on another device", lambda i, w, c: ((i, w, meta_count), ValueError)),
         ("mismatched rows", lambda i, w, c: ((i, w[:5], c), ValueError)),
         ("mismatched cols", lambda i, w, c: ((i, w[:, :3], c), ValueError)),
@@ -261,7 +255,23 @@ def _bad_cases():
         ("transposed", lambda i, w, c: ((i.t(), w.t(), c), ValueError)),
         ("fill_value float", lambda i, w, c: ((i, w, c, 0.5), TypeError)),
         ("fill_value out of int32 range", lambda i, w, c: ((i, w, c, 2**31), ValueError)),
-    ]  # fmt: skip
+        ("expanded ids (stride 0)", lambda i, w, c: ((i[:1].expand(6, 4), w, c), ValueError)),
+        ("expanded weights", lambda i, w, c: ((i, w[2:3].expand(6, 4), c), ValueError)),
+        (
+            "ids rows overlap",
+            lambda i, w, c: ((torch.as_strided(i, (6, 4), (2, 1)), w, c), ValueError),
+        ),
+        (
+            "weights rows overlap",
+            lambda i, w, c: ((i, torch.as_strided(w, (6, 4), (3, 1)), c), ValueError),
+        ),
+        ("weights alias ids", lambda i, w, c: ((i, i.view(torch.float32), c), ValueError)),
+        ("count aliases ids", lambda i, w, c: ((i, w, i.view(-1)[22:23]), ValueError)),
+        (
+            "count aliases weights",
+            lambda i, w, c: ((i, w, w.view(torch.int32).view(-1)[5:6]), ValueError),
+        ),
+    ]
 
 
 @pytest.mark.parametrize(("label", "build"), _bad_cases(), ids=[c[0] for c in _bad_cases()])

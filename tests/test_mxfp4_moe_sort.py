@@ -15,6 +15,7 @@ import sglang_amd_moe.kernels.moe_sort as sort_mod
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_helpers import ROWS_COUNTS, bits, kernel_device
 from sglang_amd_moe.kernels import (
     adaptive_moe_sort,
     mxfp4_moe_sort,
@@ -23,15 +24,8 @@ from sglang_amd_moe.kernels import (
 from sglang_amd_moe.kernels.moe_sort import sort_plan
 from sglang_amd_moe.kernels.utils import max_sorted_size, triton_backend
 
-DEV = "cpu" if triton_backend(torch.device("cpu")) == "triton-interpreter" else "cuda"
-if DEV == "cuda" and not torch.cuda.is_available():
-    pytest.fail(
-        "no GPU and Triton is not interpreting: TRITON_INTERPRET=1 must be set before "
-        "triton is imported (tests/conftest.py does this unless the variable is set)",
-        pytrace=False,
-    )
+DEV = kernel_device()
 SHAPES = [(513, 11), (896, 16)]  # (NE, TOPK): routed experts + 1 shared
-ROWS_COUNTS = [(1, 1), (4, 0), (4, 3), (16, 5), (48, 47), (48, 48), (256, 200)]
 OUT_NAMES = (
     "sorted_token_ids",
     "sorted_expert_ids",
@@ -61,11 +55,6 @@ def test_kernels_run_through_triton() -> None:
 
 
 # --------------------------------------------------------------------------- helpers
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    """Same-width integer view, so NaNs and -0.0 compare bit for bit."""
-    return x.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
-
-
 def _outputs(M: int, NE: int, K: int, MB: int, zero_cols: int = 0, workspace: int = 0):
     """Output buffers sized as aiter's _adaptive_moe_sort sizes them, poisoned."""
     ms = max_sorted_size(M, K, NE, MB)
@@ -145,12 +134,8 @@ def _check(
     _call(mxfp4_moe_sort, ids, w, got, M, NE, K, MB, count, prologue)
     _call(mxfp4_moe_sort_reference, ids, w, want, M, NE, K, MB, count, prologue)
     for name in OUT_NAMES:
-        assert torch.equal(_bits(got[name]), _bits(want[name])), (name, M, NE, K, MB)
+        assert torch.equal(bits(got[name]), bits(want[name])), (name, M, NE, K, MB)
     return got
-
-
-def _real_rows(count: torch.Tensor | None, M: int) -> int:
-    return M if count is None else min(max(int(count.item()), 0), M)
 
 
 # ------------------------------------------------------------------------ fixed cases
@@ -184,7 +169,7 @@ def test_count_larger_than_rows_sorts_every_row(n: int) -> None:
     got = _check(ids, w, 48, 513, 11, 32, _count(n))
     no_count = _check(ids, w, 48, 513, 11, 32, None)
     for name in OUT_NAMES:
-        assert torch.equal(_bits(got[name]), _bits(no_count[name])), name
+        assert torch.equal(bits(got[name]), bits(no_count[name])), name
 
 
 @pytest.mark.parametrize("n", [-1, -7, -(2**31)])
@@ -211,7 +196,7 @@ def test_prologue_does_not_change_outputs() -> None:
         a = _check(ids, w, 48, 513, 11, MB, _count(40), zero_cols=8, prologue=0)
         b = _check(ids, w, 48, 513, 11, MB, _count(40), zero_cols=8, prologue=1)
         for name in OUT_NAMES:
-            assert torch.equal(_bits(a[name]), _bits(b[name])), name
+            assert torch.equal(bits(a[name]), bits(b[name])), name
 
 
 def test_zero_workspace_is_zeroed() -> None:
@@ -249,7 +234,7 @@ def test_deterministic_and_in_pair_order() -> None:
         second = _outputs(M, NE, K, MB)
         _call(mxfp4_moe_sort, ids, w, second, M, NE, K, MB, _count(M - 1) if M > 1 else None)
         for name in OUT_NAMES:
-            assert torch.equal(_bits(first[name]), _bits(second[name])), name
+            assert torch.equal(bits(first[name]), bits(second[name])), name
         for run in _decode_order(first, K, MB):
             assert run == sorted(run)
 
@@ -272,20 +257,24 @@ def test_out_of_range_ids_are_dropped() -> None:
     ids64[:60][bad] = 2**32 + 3  # would wrap to expert 3 if narrowed first
     got64 = _check(ids64, w, M, NE, K, 16, _count(60))
     for name in OUT_NAMES:
-        assert torch.equal(_bits(got[name]), _bits(got64[name])), name
+        assert torch.equal(bits(got[name]), bits(got64[name])), name
 
 
 def test_multi_program_path_large_batch() -> None:
-    """M = 4096: the three-launch path (offsets kernel) with many chunks and programs."""
-    plan = sort_plan(4096, 64, 4)
+    """M = 4000: the three-launch path (offsets kernel) with many chunks and programs,
+    chunk groups and a last group that is not full."""
+    plan = sort_plan(4000, 200, 4)
     assert not plan.single and not plan.inline_offsets and plan.launches == 3
-    assert plan.chunks >= 128
-    ids, w = _routing(4096, 64, 4, 4000, seed=9, bad_ids=0.01)
-    _check(ids, w, 4096, 64, 4, 16, _count(4000), zero_cols=8)
-    _check(ids, w, 4096, 64, 4, 128, None)
+    assert plan.chunks >= 128 and plan.group_chunks > 1
+    assert plan.chunks % plan.group_chunks != 0 and plan.offset_programs > 1
+    ids, w = _routing(4000, 200, 4, 3900, seed=9, bad_ids=0.01)
+    _check(ids, w, 4000, 200, 4, 16, _count(3900), zero_cols=8)
+    _check(ids, w, 4000, 200, 4, 128, None)
 
 
-@pytest.mark.parametrize(("M", "NE", "K", "n"), [(4, 513, 11, 3), (40, 257, 9, 29), (200, 64, 8, 111)])
+@pytest.mark.parametrize(
+    ("M", "NE", "K", "n"), [(4, 513, 11, 3), (40, 257, 9, 29), (200, 64, 8, 111)]
+)
 def test_inline_offsets_path(M: int, NE: int, K: int, n: int) -> None:
     """Two launches: the place kernel sums the count table itself (several steps of
     ``INLINE_OFFSETS_TILE`` for the larger shapes)."""
@@ -347,24 +336,32 @@ def test_adaptive_moe_sort_allocates_like_aiter(
 ) -> None:
     M, NE, K, D = 12, 513, 11, 32
     seen: dict[str, object] = {}
-    real_sort = sort_mod.mxfp4_moe_sort
+    real_launch = sort_mod._launch_sort
 
-    def spy(**kwargs: object) -> None:
-        seen.update(kwargs)
-        real_sort(**kwargs)
+    def spy(*args: object) -> None:
+        seen["zero_out"] = args[8]
+        seen["count"] = args[13]
+        real_launch(*args)
 
-    monkeypatch.setattr(sort_mod, "mxfp4_moe_sort", spy)
+    monkeypatch.setattr(sort_mod, "_launch_sort", spy)
     ids, w = _routing(M, NE, K, n, seed=13)
-    out = adaptive_moe_sort(ids, w, NE, K, BM, D, atomic=atomic, emit_aux=True, num_local_tokens=_count(n))
+    out = adaptive_moe_sort(
+        ids, w, NE, K, BM, D, atomic=atomic, emit_aux=True, num_local_tokens=_count(n)
+    )
     sti, sw, sei, nvi, moe_buf, m_idx, rev = out
     ms = ((M * K + min(NE, M * K) * (BM - 1) + BM - 1) // BM) * BM
     assert (sti.shape, sw.shape, sei.shape, nvi.shape) == ((ms,), (ms,), (ms // BM,), (2,))
     assert (m_idx.shape, rev.shape) == ((ms,), (M * K,))
-    assert (sti.dtype, sw.dtype, sei.dtype, nvi.dtype) == (torch.int32, torch.float32, torch.int32, torch.int32)
+    assert (sti.dtype, sw.dtype, sei.dtype, nvi.dtype) == (
+        torch.int32,
+        torch.float32,
+        torch.int32,
+        torch.int32,
+    )
     assert moe_buf.shape == ((M, D) if atomic else (0, 0)) and moe_buf.dtype == torch.bfloat16
-    assert seen["bf16_zero_out"] is moe_buf if (atomic and BM == 16) else seen["bf16_zero_out"].numel() == 0
-    assert seen["prologue"] == (0 if BM == 16 else 1)
-    assert seen["num_local_tokens"] is None if n is None else int(seen["num_local_tokens"]) == n
+    # moe_buf is zeroed by the sort only with atomic and block 16, as in aiter.
+    assert seen["zero_out"] is (moe_buf if (atomic and BM == 16) else None)
+    assert seen["count"] is None if n is None else int(seen["count"]) == n
     if atomic and BM == 16:
         assert bool((moe_buf == 0).all())
     # The outputs are the sort's contract: compare with the reference on fresh buffers.
@@ -376,7 +373,7 @@ def test_adaptive_moe_sort_allocates_like_aiter(
     assert torch.equal(nvi, want["cumsum_tensor"])
     assert torch.equal(rev, want["reverse_sorted"])
     for name in ("sorted_token_ids", "m_indices", "sorted_weights"):
-        assert torch.equal(_bits(got[name][:total]), _bits(want[name][:total])), name
+        assert torch.equal(bits(got[name][:total]), bits(want[name][:total])), name
     assert torch.equal(sei[: total // BM], want["sorted_expert_ids"][: total // BM])
 
 
@@ -414,7 +411,13 @@ def _bad_cases():
         ("int16 ids", set_("topk_ids", lambda kw: kw["topk_ids"].short()), TypeError),
         ("float64 weights", set_("topk_weight", lambda kw: kw["topk_weight"].double()), TypeError),
         ("shape mismatch", set_("topk_weight", lambda kw: kw["topk_weight"][:-1]), ValueError),
-        ("non-unit column stride", set_("topk_ids", lambda kw: torch.zeros(8, 2 * 11, dtype=torch.int32, device=DEV)[:, ::2]), ValueError),
+        (
+            "non-unit column stride",
+            set_(
+                "topk_ids", lambda kw: torch.zeros(8, 2 * 11, dtype=torch.int32, device=DEV)[:, ::2]
+            ),
+            ValueError,
+        ),
         ("TOPK != columns", set_("TOPK", 10), ValueError),
         ("M_logical > rows", set_("M_logical", 9), ValueError),
         ("negative M_logical", set_("M_logical", -1), ValueError),
@@ -425,36 +428,141 @@ def _bad_cases():
         ("MB 8", set_("MB", 8), ValueError),
         ("MB 48", set_("MB", 48), ValueError),
         ("prologue 2", set_("prologue", 2), ValueError),
-        ("int32 sorted_weights", set_("sorted_weights", lambda kw: kw["sorted_weights"].int()), TypeError),
-        ("int64 sorted_token_ids", set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"].long()), TypeError),
-        ("sorted_token_ids too small", set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"][:-1]), ValueError),
-        ("sorted_expert_ids too small", set_("sorted_expert_ids", lambda kw: kw["sorted_expert_ids"][:-1]), ValueError),
-        ("reverse_sorted too small", set_("reverse_sorted", lambda kw: kw["reverse_sorted"][:-1]), ValueError),
-        ("cumsum_tensor too small", set_("cumsum_tensor", lambda kw: kw["cumsum_tensor"][:1]), ValueError),
-        ("non-contiguous m_indices", set_("m_indices", lambda kw: torch.zeros(2 * kw["m_indices"].numel(), dtype=torch.int32, device=DEV)[::2]), ValueError),
+        (
+            "int32 sorted_weights",
+            set_("sorted_weights", lambda kw: kw["sorted_weights"].int()),
+            TypeError,
+        ),
+        (
+            "int64 sorted_token_ids",
+            set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"].long()),
+            TypeError,
+        ),
+        (
+            "sorted_token_ids too small",
+            set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"][:-1]),
+            ValueError,
+        ),
+        (
+            "sorted_expert_ids too small",
+            set_("sorted_expert_ids", lambda kw: kw["sorted_expert_ids"][:-1]),
+            ValueError,
+        ),
+        (
+            "reverse_sorted too small",
+            set_("reverse_sorted", lambda kw: kw["reverse_sorted"][:-1]),
+            ValueError,
+        ),
+        (
+            "cumsum_tensor too small",
+            set_("cumsum_tensor", lambda kw: kw["cumsum_tensor"][:1]),
+            ValueError,
+        ),
+        (
+            "non-contiguous m_indices",
+            set_(
+                "m_indices",
+                lambda kw: torch.zeros(2 * kw["m_indices"].numel(), dtype=torch.int32, device=DEV)[
+                    ::2
+                ],
+            ),
+            ValueError,
+        ),
         ("outputs overlap", set_("m_indices", lambda kw: kw["sorted_token_ids"]), ValueError),
-        ("output on another device", set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"].to("meta")), ValueError),
-        ("float count", set_("num_local_tokens", lambda kw: kw["num_local_tokens"].float()), TypeError),
-        ("two-element count", set_("num_local_tokens", torch.zeros(2, dtype=torch.int32, device=DEV)), ValueError),
+        (
+            "output on another device",
+            set_("sorted_token_ids", lambda kw: kw["sorted_token_ids"].to("meta")),
+            ValueError,
+        ),
+        (
+            "float count",
+            set_("num_local_tokens", lambda kw: kw["num_local_tokens"].float()),
+            TypeError,
+        ),
+        (
+            "two-element count",
+            set_("num_local_tokens", torch.zeros(2, dtype=torch.int32, device=DEV)),
+            ValueError,
+        ),
         ("count not a tensor", set_("num_local_tokens", 3), TypeError),
         ("count on another device", set_("num_local_tokens", meta_i32), ValueError),
-        ("zero_out wrong size", set_("bf16_zero_out", torch.zeros(8, 7, dtype=torch.bfloat16, device=DEV)), ValueError),
-        ("zero_out non-contiguous", set_("bf16_zero_out", lambda kw: torch.zeros(16, 16, dtype=torch.bfloat16, device=DEV)[::2]), ValueError),
+        (
+            "zero_out wrong size",
+            set_("bf16_zero_out", torch.zeros(8, 7, dtype=torch.bfloat16, device=DEV)),
+            ValueError,
+        ),
+        (
+            "zero_out non-contiguous",
+            set_(
+                "bf16_zero_out",
+                lambda kw: torch.zeros(16, 16, dtype=torch.bfloat16, device=DEV)[::2],
+            ),
+            ValueError,
+        ),
         ("zero_out not a tensor", set_("bf16_zero_out", None), TypeError),
-    ]  # fmt: skip
+        (
+            "expanded ids (stride 0)",
+            set_("topk_ids", lambda kw: kw["topk_ids"][:1].expand(8, 11)),
+            ValueError,
+        ),
+        (
+            "ids rows overlap",
+            set_("topk_ids", lambda kw: torch.as_strided(kw["topk_ids"], (8, 11), (5, 1))),
+            ValueError,
+        ),
+        (
+            "expanded weights",
+            set_("topk_weight", lambda kw: kw["topk_weight"][3:4].expand(8, 11)),
+            ValueError,
+        ),
+        (
+            "output aliases topk_ids",
+            set_("topk_ids", lambda kw: kw["sorted_token_ids"][:88].view(8, 11)),
+            ValueError,
+        ),
+        (
+            "reverse_sorted aliases topk_weight",
+            set_("topk_weight", lambda kw: kw["reverse_sorted"].view(torch.float32).view(8, 11)),
+            ValueError,
+        ),
+        (
+            "zero_out aliases sorted_weights",
+            set_("bf16_zero_out", lambda kw: kw["sorted_weights"].view(torch.bfloat16)[:128]),
+            ValueError,
+        ),
+        (
+            "zero_out aliases topk_weight",
+            set_("topk_weight", lambda kw: kw["bf16_zero_out"].view(-1)[:88].view(8, 11)),
+            ValueError,
+        ),
+        (
+            "workspace aliases m_indices",
+            set_("bf16_zero_workspace", lambda kw: kw["m_indices"].view(torch.bfloat16)[8:40]),
+            ValueError,
+        ),
+        (
+            "count aliases cumsum_tensor",
+            set_("num_local_tokens", lambda kw: kw["cumsum_tensor"][1:]),
+            ValueError,
+        ),
+    ]
 
 
 _BAD = _bad_cases()
 
 
 @pytest.mark.parametrize(("label", "mutate", "exc"), _BAD, ids=[c[0] for c in _BAD])
-@pytest.mark.parametrize("fn", [mxfp4_moe_sort, mxfp4_moe_sort_reference], ids=["kernel", "reference"])
+@pytest.mark.parametrize(
+    "fn", [mxfp4_moe_sort, mxfp4_moe_sort_reference], ids=["kernel", "reference"]
+)
 def test_bad_input_raises_and_writes_nothing(label, mutate, exc, fn) -> None:
     M, NE, K, MB = 8, 513, 11, 16
     ids, w = _routing(M, NE, K, None, seed=16)
     outs = _outputs(M, NE, K, MB, zero_cols=16)
-    kwargs = dict(topk_ids=ids, topk_weight=w, **outs, M_logical=M, NE=NE, TOPK=K,
-                  D_HIDDEN=16, D_INTER=1, MB=MB, prologue=0, num_local_tokens=_count(4))  # fmt: skip
+    kwargs = dict(
+        topk_ids=ids, topk_weight=w, **outs, M_logical=M, NE=NE, TOPK=K,
+        D_HIDDEN=16, D_INTER=1, MB=MB, prologue=0, num_local_tokens=_count(4),
+    )  # fmt: skip
     mutate(kwargs)
     with pytest.raises(exc):
         fn(**kwargs)
@@ -463,6 +571,31 @@ def test_bad_input_raises_and_writes_nothing(label, mutate, exc, fn) -> None:
             assert bool((t == 3.0).all()), (label, name)
         elif name != "bf16_zero_workspace":
             assert bool((t == POISON).all()), (label, name)
+
+
+@pytest.mark.parametrize("K", [129, 200, 256])
+@pytest.mark.parametrize(
+    "fn", [mxfp4_moe_sort, mxfp4_moe_sort_reference], ids=["kernel", "reference"]
+)
+def test_topk_past_the_packed_slot_bits_is_rejected(K: int, fn) -> None:
+    """``sorted_token_ids`` packs the slot into bits 24-30: slot 128 would set the sign
+    bit. A call with TOPK 129..256 and outputs sized for it is refused before any write."""
+    M, NE, MB = 2, 16, 16
+    ids, w = _routing(M, NE, K, None, seed=18)
+    outs = _outputs(M, NE, K, MB)
+    with pytest.raises(ValueError, match="TOPK"):
+        _call(fn, ids, w, outs, M, NE, K, MB, None)
+    assert bool((outs["sorted_token_ids"] == POISON).all())
+    with pytest.raises(ValueError, match="topk"):
+        adaptive_moe_sort(ids, w, NE, K, MB, 8)
+
+
+def test_topk_128_uses_the_last_slot_bit() -> None:
+    """TOPK = 128: slot 127 packs to ``127 << 24``, the largest that fits."""
+    ids, w = _routing(2, 16, 128, None, seed=19)
+    got = _check(ids, w, 2, 16, 128, 16, None)
+    total = int(got["cumsum_tensor"][0])
+    assert int((got["sorted_token_ids"][:total] >> 24).max()) == 127
 
 
 def test_adaptive_moe_sort_bad_inputs() -> None:

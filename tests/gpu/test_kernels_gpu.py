@@ -1,6 +1,7 @@
 """Both kernels compiled on a real GPU (not interpreted), compared exactly with their
 plain-torch references, replayed from one CUDA graph with new counts, and called from
-inside ``torch.compile``.
+inside ``torch.compile``; both launch paths (Triton's own and the direct launch of the
+compiled kernel), the reuse of scratch buffers between calls, streams and graphs.
 
 Skipped without a CUDA/HIP device; ``make test-gpu`` runs this folder on one.
 """
@@ -15,18 +16,24 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
 if os.environ.get("TRITON_INTERPRET") == "1":
-    pytest.skip("GPU tests run the compiled kernels: unset TRITON_INTERPRET", allow_module_level=True)
+    pytest.skip(
+        "GPU tests run the compiled kernels: unset TRITON_INTERPRET", allow_module_level=True
+    )
 
+import sglang_amd_moe.kernels.utils as kernel_utils  # noqa: E402
+from kernel_helpers import ROWS_COUNTS  # noqa: E402
 from sglang_amd_moe.kernels import (  # noqa: E402
+    adaptive_moe_sort,
     mask_padded_rows_,
     mask_padded_rows_reference_,
     mxfp4_moe_sort,
     mxfp4_moe_sort_reference,
 )
+from sglang_amd_moe.kernels.mask_padded_rows import mask_program  # noqa: E402
+from sglang_amd_moe.kernels.moe_sort import sort_program  # noqa: E402
 
 DEV = "cuda"
 SORT_SHAPES = [(513, 11), (896, 16)]
-ROWS_COUNTS = [(1, 1), (4, 0), (4, 3), (16, 5), (48, 47), (48, 48), (256, 200)]
 BIG_M = [4096, 16384, 65536]
 
 
@@ -126,16 +133,36 @@ def _sort_buffers(M: int, K: int, NE: int, BM: int, atomic: bool):
         reverse_sorted=torch.full((M * K,), -7, dtype=torch.int32, device=DEV),
         sorted_weights=torch.full((max_sorted,), -7.0, dtype=torch.float32, device=DEV),
         m_indices=torch.full((max_sorted,), -7, dtype=torch.int32, device=DEV),
-        bf16_zero_out=(torch.full((M, 64), 3.0, dtype=torch.bfloat16, device=DEV) if atomic and BM == 16
-                       else torch.empty(0, 0, dtype=torch.bfloat16, device=DEV)),
+        bf16_zero_out=(
+            torch.full((M, 64), 3.0, dtype=torch.bfloat16, device=DEV)
+            if atomic and BM == 16
+            else torch.empty(0, 0, dtype=torch.bfloat16, device=DEV)
+        ),
         bf16_zero_workspace=torch.empty(0, dtype=torch.bfloat16, device=DEV),
     )
 
 
 def _call_sort(fn, ids, w, out, M, NE, K, BM, count):
-    fn(ids, w, out["sorted_token_ids"], out["sorted_expert_ids"], out["cumsum_tensor"],
-       out["reverse_sorted"], out["sorted_weights"], out["m_indices"], out["bf16_zero_out"],
-       out["bf16_zero_workspace"], M, NE, K, 64, 32, BM, 0 if BM == 16 else 1, count)
+    fn(
+        ids,
+        w,
+        out["sorted_token_ids"],
+        out["sorted_expert_ids"],
+        out["cumsum_tensor"],
+        out["reverse_sorted"],
+        out["sorted_weights"],
+        out["m_indices"],
+        out["bf16_zero_out"],
+        out["bf16_zero_workspace"],
+        M,
+        NE,
+        K,
+        64,
+        32,
+        BM,
+        0 if BM == 16 else 1,
+        count,
+    )
 
 
 def _assert_same_sort(out, ref, BM):
@@ -143,7 +170,9 @@ def _assert_same_sort(out, ref, BM):
     assert torch.equal(out["cumsum_tensor"], ref["cumsum_tensor"])
     for name in ("sorted_token_ids", "sorted_weights", "m_indices"):
         assert torch.equal(out[name][:total], ref[name][:total]), name
-    assert torch.equal(out["sorted_expert_ids"][: total // BM], ref["sorted_expert_ids"][: total // BM])
+    assert torch.equal(
+        out["sorted_expert_ids"][: total // BM], ref["sorted_expert_ids"][: total // BM]
+    )
     assert torch.equal(out["reverse_sorted"], ref["reverse_sorted"])
     assert torch.equal(out["bf16_zero_out"], ref["bf16_zero_out"])
 
@@ -221,3 +250,124 @@ def test_sort_graph_replay_with_new_counts():
         torch.cuda.synchronize()
         _assert_same_sort(out, ref, BM)
         assert int(out["cumsum_tensor"][1]) == n
+
+
+# ---------------------------------------------------------------------- launch paths
+@pytest.mark.parametrize("fast", [True, False], ids=["direct", "triton"])
+def test_both_launch_paths_match_the_references(fast, monkeypatch):
+    """The direct launch (``KernelLauncher`` calling the compiled kernel) and Triton's own
+    path give the same outputs, for every sort plan (1, 2 and 3 launches) and the mask;
+    the direct path really launches directly from the second call on."""
+    monkeypatch.setattr(kernel_utils, "FAST_LAUNCH", fast)
+    for M, NE, K, BM, n in [(1, 513, 11, 16, 1), (64, 257, 9, 32, 40), (4096, 896, 16, 128, 3000)]:
+        for _ in range(3):  # the first call compiles; the later ones take the chosen path
+            _check_sort(M, K, NE, BM, n, seed=M)
+        prog = sort_program(M, NE, K, BM, M * 64 if BM == 16 else 0, True)
+        for launcher in (prog.count, prog.offsets, prog.place):
+            if launcher is not None and fast:
+                assert launcher.compiled_count() > 0, launcher
+    for M, K in [(7, 8), (4096, 11)]:
+        for _ in range(3):
+            _check_mask(M, K, M // 2, torch.int32, torch.float32)
+        launcher, _ = mask_program(M, K, True)
+        if fast:
+            assert launcher.compiled_count() > 0
+
+
+def test_direct_launch_respecializes_on_alignment_and_ints():
+    """A routing tensor 4 bytes off a 16-byte boundary, and row counts 1 / 16 / 17, each
+    compile their own specialization; every call matches the reference."""
+    M, K, NE = 48, 11, 513
+    for offset in (0, 1, 0, 1):
+        buf = torch.randint(0, NE, (M * K + 1,), device=DEV, dtype=torch.int32)
+        ids = buf[offset : offset + M * K].view(M, K)
+        w = torch.rand(M, K, device=DEV)
+        for n in (1, 16, 17, M):
+            out, ref = _sort_buffers(M, K, NE, 16, True), _sort_buffers(M, K, NE, 16, True)
+            count = torch.tensor([n], dtype=torch.int32, device=DEV)
+            _call_sort(mxfp4_moe_sort, ids, w, out, M, NE, K, 16, count)
+            _call_sort(mxfp4_moe_sort_reference, ids, w, ref, M, NE, K, 16, count)
+            torch.cuda.synchronize()
+            _assert_same_sort(out, ref, 16)
+
+
+def test_scratch_is_reused_per_stream_and_fresh_under_capture():
+    dev = torch.device(DEV)
+    a = kernel_utils.scratch("test", 100, torch.int32, dev)
+    assert kernel_utils.scratch("test", 50, torch.int32, dev) is a
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        b = kernel_utils.scratch("test", 100, torch.int32, dev)
+    assert b is not a
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c = kernel_utils.scratch("test", 100, torch.int32, dev)
+    assert c is not a and c is not b
+    bigger = kernel_utils.scratch("test", 10 * a.numel(), torch.int32, dev)
+    assert bigger.numel() >= 10 * a.numel()
+
+
+def test_sorts_on_two_streams_at_once():
+    """Each stream has its own scratch buffers: two sorts queued on two streams, which may
+    overlap on the GPU, both match the reference."""
+    M, K, NE, BM = 4096, 16, 896, 16
+    inputs = [_sort_inputs(M, K, NE, n, seed=n) for n in (3000, 4096)]
+    outs = [_sort_buffers(M, K, NE, BM, True) for _ in inputs]
+    counts = [torch.tensor([n], dtype=torch.int32, device=DEV) for n in (3000, 4096)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    for _ in range(5):
+        for (ids, w), out, count, stream in zip(inputs, outs, counts, streams, strict=True):
+            with torch.cuda.stream(stream):
+                _call_sort(mxfp4_moe_sort, ids, w, out, M, NE, K, BM, count)
+    torch.cuda.synchronize()
+    for (ids, w), out, count in zip(inputs, outs, counts, strict=True):
+        ref = _sort_buffers(M, K, NE, BM, True)
+        _call_sort(mxfp4_moe_sort_reference, ids, w, ref, M, NE, K, BM, count)
+        _assert_same_sort(out, ref, BM)
+
+
+def test_adaptive_sort_in_a_graph_and_eagerly_after_it():
+    """A graph captured around ``adaptive_moe_sort`` keeps its own scratch: eager calls on
+    the same stream between replays (other shapes, other data) do not disturb it."""
+    M, K, NE, BM = 512, 9, 257, 32
+    ids, w = _sort_inputs(M, K, NE, None, seed=21)
+    count = torch.tensor([M], dtype=torch.int32, device=DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        adaptive_moe_sort(ids, w, NE, K, BM, 8, emit_aux=True, num_local_tokens=count)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = adaptive_moe_sort(ids, w, NE, K, BM, 8, emit_aux=True, num_local_tokens=count)
+    other_ids, other_w = _sort_inputs(M, K, NE, None, seed=22)
+    for n in (5, 300, M):
+        count.fill_(n)
+        graph.replay()
+        adaptive_moe_sort(other_ids, other_w, NE, K, BM, 8, emit_aux=True, num_local_tokens=count)
+        want = _sort_buffers(M, K, NE, BM, False)
+        _call_sort(mxfp4_moe_sort_reference, ids, w, want, M, NE, K, BM, count)
+        torch.cuda.synchronize()
+        sti, sw, sei, nvi, _, m_idx, rev = got
+        _assert_same_sort(
+            dict(
+                sorted_token_ids=sti,
+                sorted_weights=sw,
+                sorted_expert_ids=sei,
+                cumsum_tensor=nvi,
+                m_indices=m_idx,
+                reverse_sorted=rev,
+                bf16_zero_out=want["bf16_zero_out"],
+            ),
+            want,
+            BM,
+        )
+
+
+def test_no_device_switch_when_the_device_is_current():
+    assert (
+        kernel_utils.device_guard(torch.device("cuda", torch.cuda.current_device()))
+        is kernel_utils._NO_GUARD
+    )

@@ -1,0 +1,306 @@
+"""The kernels' launch path: what a call launches, and how a launch reaches Triton.
+
+- With tensors on the ``meta`` device inside ``capture_launches()``, every launch of a
+  call is recorded (kernel, grid, arguments, constants) and nothing runs: the contract
+  the AMD compile gate builds on, for both kernels and every launch plan.
+- :class:`KernelLauncher` takes Triton's own path (``kernel[grid](...)``) the first time
+  it sees a specialization and launches the compiled kernel directly after that; it
+  falls back to Triton's path for anything it cannot key. Exercised here with a stand-in
+  kernel, since a CPU has no compiled kernels; ``tests/gpu/test_kernels_gpu.py`` runs
+  both paths on a GPU.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import sglang_amd_moe.kernels.utils as utils
+import torch
+from sglang_amd_moe.kernels import adaptive_moe_sort, mask_padded_rows_, mxfp4_moe_sort
+from sglang_amd_moe.kernels.mask_padded_rows import _mask_padded_rows_kernel, mask_launch_config
+from sglang_amd_moe.kernels.moe_sort import (
+    _sort_count_kernel,
+    _sort_offsets_kernel,
+    _sort_place_kernel,
+    sort_plan,
+)
+from sglang_amd_moe.kernels.utils import KernelLauncher, capture_launches, max_sorted_size
+
+META = torch.device("meta")
+
+
+# ------------------------------------------------------------------ capture, meta tensors
+def _meta_sort_args(M: int, NE: int, K: int, MB: int, hidden: int, count: bool) -> dict:
+    size = max_sorted_size(M, K, NE, MB)
+    i32 = dict(dtype=torch.int32, device=META)
+    return dict(
+        topk_ids=torch.empty(M, K, **i32),
+        topk_weight=torch.empty(M, K, dtype=torch.float32, device=META),
+        sorted_token_ids=torch.empty(size, **i32),
+        sorted_expert_ids=torch.empty(size // MB, **i32),
+        cumsum_tensor=torch.empty(2, **i32),
+        reverse_sorted=torch.empty(M * K, **i32),
+        sorted_weights=torch.empty(size, dtype=torch.float32, device=META),
+        m_indices=torch.empty(size, **i32),
+        bf16_zero_out=torch.empty(M * hidden, dtype=torch.bfloat16, device=META),
+        bf16_zero_workspace=torch.empty(0, dtype=torch.bfloat16, device=META),
+        M_logical=M, NE=NE, TOPK=K, D_HIDDEN=hidden, D_INTER=1, MB=MB, prologue=0,
+        num_local_tokens=torch.empty(1, **i32) if count else None,
+    )  # fmt: skip
+
+
+def _expected_sort_launches(M: int, NE: int, K: int, MB: int, zero_numel: int):
+    plan = sort_plan(M, NE, K, zero_numel, MB)
+    expected = []
+    if not plan.single:
+        expected.append((_sort_count_kernel, (plan.chunks,)))
+    if plan.offset_programs:
+        expected.append((_sort_offsets_kernel, (plan.offset_programs,)))
+    place_programs = plan.chunks + plan.gap_programs + plan.zero_programs
+    expected.append((_sort_place_kernel, (place_programs,)))
+    return plan, expected
+
+
+@pytest.mark.parametrize(
+    ("M", "NE", "K", "MB"),
+    [
+        (1, 513, 11, 16),
+        (4, 257, 9, 32),
+        (200, 896, 16, 64),
+        (4096, 513, 11, 128),
+        (65536, 257, 9, 16),
+    ],
+)
+@pytest.mark.parametrize("count", [True, False])
+def test_sort_launches_are_captured_with_meta_tensors(M, NE, K, MB, count) -> None:
+    hidden = 64
+    plan, expected = _expected_sort_launches(M, NE, K, MB, M * hidden)
+    with capture_launches() as launches:
+        mxfp4_moe_sort(**_meta_sort_args(M, NE, K, MB, hidden, count))
+    assert [(launch.kernel, launch.grid) for launch in launches] == expected
+    assert len(launches) == plan.launches
+    for launch in launches:
+        tensors = [a for a in launch.args if isinstance(a, torch.Tensor)]
+        assert tensors and all(t.device == META for t in tensors)
+        # Every runtime parameter is passed, every constant is in meta.
+        names = launch.kernel.arg_names
+        assert len(launch.args) + len([n for n in names if n in launch.meta]) == len(names)
+        assert launch.meta["num_warps"] in (4, 8)
+        place_or_count = launch.kernel in (_sort_place_kernel, _sort_count_kernel)
+        assert launch.meta.get("HAS_COUNT", count) is count or not place_or_count
+
+
+@pytest.mark.parametrize(("M", "MB", "atomic"), [(1, 16, True), (300, 32, False), (4096, 16, True)])
+def test_adaptive_sort_launches_are_captured_with_meta_tensors(M, MB, atomic) -> None:
+    NE, K, hidden = 257, 9, 32
+    ids = torch.empty(M, K, dtype=torch.int64, device=META)
+    w = torch.empty(M, K, dtype=torch.bfloat16, device=META)
+    count = torch.empty(1, dtype=torch.int32, device=META)
+    zero_numel = M * hidden if (atomic and MB == 16) else 0
+    _, expected = _expected_sort_launches(M, NE, K, MB, zero_numel)
+    with capture_launches() as launches:
+        out = adaptive_moe_sort(ids, w, NE, K, MB, hidden, atomic=atomic, num_local_tokens=count)
+    assert [(launch.kernel, launch.grid) for launch in launches] == expected
+    assert all(t.device == META for t in out)
+
+
+@pytest.mark.parametrize(("M", "K"), [(1, 8), (4096, 11), (65536, 16)])
+@pytest.mark.parametrize("strided", [False, True])
+def test_mask_launch_is_captured_with_meta_tensors(M: int, K: int, strided: bool) -> None:
+    width = K + 1 if strided else K
+    ids = torch.empty(M, width, dtype=torch.int32, device=META)[:, :K]
+    w = torch.empty(M, width, dtype=torch.float32, device=META)[:, :K]
+    count = torch.empty(1, dtype=torch.int32, device=META)
+    with capture_launches() as launches:
+        mask_padded_rows_(ids, w, count)
+    grid, block_m, block_k = mask_launch_config(M, K, not strided)
+    assert len(launches) == 1
+    (launch,) = launches
+    assert launch.kernel is _mask_padded_rows_kernel and launch.grid == (grid,)
+    assert launch.args[:3] == (ids, w, count)
+    assert launch.meta["BLOCK_M"] == block_m and launch.meta["BLOCK_K"] == block_k
+    assert launch.meta["CONTIGUOUS"] is (not strided)
+
+
+def test_capture_records_in_order_and_nests() -> None:
+    ids = torch.empty(8, 4, dtype=torch.int32, device=META)
+    w = torch.empty(8, 4, dtype=torch.float32, device=META)
+    count = torch.empty(1, dtype=torch.int32, device=META)
+    with capture_launches() as outer:
+        mask_padded_rows_(ids, w, count)
+        with capture_launches() as inner:
+            mask_padded_rows_(ids, w, count)
+        mask_padded_rows_(ids, w, count)
+    assert len(outer) == 2 and len(inner) == 1
+
+
+# -------------------------------------------------------------- the direct launch path
+class _Compiled:
+    """Stands in for Triton's CompiledKernel: records direct launches."""
+
+    def __init__(self, attrs: dict) -> None:
+        self.function = "function-handle"
+        self.packed_metadata = ("packed",)
+        self.src = SimpleNamespace(attrs=attrs)
+        self.direct: list[tuple] = []
+
+    def run(self, *args: object) -> None:
+        self.direct.append(args)
+
+
+class _Kernel:
+    """Stands in for a ``@triton.jit`` function with parameters (x_ptr, n, BLOCK)."""
+
+    arg_names = ["x_ptr", "n", "BLOCK"]
+
+    def __init__(self, attrs: dict | None = None) -> None:
+        self.attrs = {(0,): [["tt.divisibility", 16]]} if attrs is None else attrs
+        self.plain: list[tuple] = []
+        self.compiled: list[_Compiled] = []
+
+    def __getitem__(self, grid):
+        def run(*args, **meta):
+            self.plain.append((grid, args, meta))
+            self.compiled.append(_Compiled(self.attrs))
+            return self.compiled[-1]
+
+        return run
+
+
+@pytest.fixture
+def fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The direct path as on a GPU: compiled kernels, device 0, a fixed stream."""
+    monkeypatch.setattr(utils, "_INTERPRETING", False)
+    monkeypatch.setattr(utils, "FAST_LAUNCH", True)
+    monkeypatch.setattr(utils, "_current_device", lambda: 0)
+    monkeypatch.setattr(utils, "_current_raw_stream", lambda index: 4242)
+
+
+def test_first_call_takes_tritons_path_then_the_compiled_kernel(fast) -> None:
+    kernel = _Kernel()
+    launcher = KernelLauncher(kernel, BLOCK=8, num_warps=4)
+    x = torch.zeros(64, dtype=torch.int32)
+    launcher((3,), x, 100)
+    assert kernel.plain == [((3,), (x, 100), {"BLOCK": 8, "num_warps": 4})]
+    launcher((5, 2), x, 100)
+    launcher((7,), x, 100)
+    assert len(kernel.plain) == 1 and launcher.compiled_count() == 1
+    compiled = kernel.compiled[0]
+    # Triton's launcher: grid, stream, function, metadata, no hooks, every parameter.
+    assert compiled.direct[0] == (
+        5,
+        2,
+        1,
+        4242,
+        "function-handle",
+        ("packed",),
+        None,
+        None,
+        None,
+        x,
+        100,
+        8,
+    )
+    assert compiled.direct[1][:3] == (7, 1, 1)
+
+
+def test_a_new_specialization_goes_through_triton_again(fast) -> None:
+    kernel = _Kernel()
+    launcher = KernelLauncher(kernel, BLOCK=8, num_warps=4)
+    buf = torch.zeros(64, dtype=torch.int32)
+    launcher((1,), buf, 32)
+    launcher((1,), buf, 48)  # also divisible by 16: same kernel
+    assert len(kernel.plain) == 1
+    launcher((1,), buf[1:], 32)  # 4 bytes off a 16-byte boundary
+    launcher((1,), buf, 1)  # an int equal to 1 is a constant to Triton
+    launcher((1,), buf, 33)  # not divisible by 16
+    launcher((1,), buf, 2**40)  # int64, not int32
+    launcher((1,), buf.float(), 32)  # another dtype
+    assert len(kernel.plain) == 6
+    for args in ((buf[1:], 32), (buf, 1), (buf, 33), (buf, 2**40), (buf.float(), 32)):
+        launcher((1,), *args)
+    assert len(kernel.plain) == 6 and launcher.compiled_count() == 6
+
+
+def test_a_position_that_changes_kind_is_keyed_generically(fast) -> None:
+    kernel = _Kernel()
+    launcher = KernelLauncher(kernel, BLOCK=8, num_warps=4)
+    x = torch.zeros(16, dtype=torch.int32)
+    launcher((1,), x, 16)
+    launcher((1,), x, x)  # a tensor where an int was
+    launcher((1,), 16, x)  # an int where a tensor was
+    launcher((1,), x, None)
+    assert len(kernel.plain) == 4
+    for args in ((x, 16), (x, x), (16, x), (x, None)):
+        launcher((1,), *args)
+    assert len(kernel.plain) == 4 + 1  # (x, 16) is keyed anew once, generically
+    assert sum(len(c.direct) for c in kernel.compiled) == 3
+
+
+def test_unknown_specialization_attributes_keep_tritons_path(fast) -> None:
+    kernel = _Kernel(attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.new_attribute", 1]]})
+    launcher = KernelLauncher(kernel, BLOCK=8, num_warps=4)
+    x = torch.zeros(16, dtype=torch.int32)
+    for _ in range(3):
+        launcher((1,), x, 100)
+    assert len(kernel.plain) == 3 and launcher.compiled_count() == 0
+    assert all(not c.direct for c in kernel.compiled)
+
+
+def test_launch_hooks_and_the_switch_keep_tritons_path(fast, monkeypatch) -> None:
+    kernel = _Kernel()
+    launcher = KernelLauncher(kernel, BLOCK=8, num_warps=4)
+    x = torch.zeros(16, dtype=torch.int32)
+    launcher((1,), x, 100)
+    monkeypatch.setattr(utils, "_launch_hooks_active", lambda: True)  # e.g. a profiler
+    launcher((1,), x, 100)
+    monkeypatch.setattr(utils, "_launch_hooks_active", lambda: False)
+    monkeypatch.setattr(utils, "FAST_LAUNCH", False)  # SGLANG_AMD_MOE_PLAIN_LAUNCH=1
+    launcher((1,), x, 100)
+    assert len(kernel.plain) == 3 and not kernel.compiled[0].direct
+
+
+def test_capture_records_instead_of_launching(fast) -> None:
+    kernel = _Kernel()
+    launcher = KernelLauncher(kernel, BLOCK=8, num_warps=4)
+    x = torch.zeros(16, dtype=torch.int32)
+    with capture_launches() as launches:
+        launcher((2,), x, 5)
+    assert not kernel.plain
+    assert launches == [utils.Launch(kernel, (2,), (x, 5), {"BLOCK": 8, "num_warps": 4})]
+
+
+def test_launch_shares_one_launcher_per_kernel_and_constants(fast) -> None:
+    kernel = _Kernel()
+    x = torch.zeros(16, dtype=torch.int32)
+    utils.launch(kernel, (1,), x, 100, BLOCK=8, num_warps=4)
+    utils.launch(kernel, (1,), x, 100, num_warps=4, BLOCK=8)
+    utils.launch(kernel, (1,), x, 100, BLOCK=16, num_warps=4)
+    assert len(kernel.plain) == 2
+    assert utils.launcher(kernel, BLOCK=8, num_warps=4) is utils.launcher(
+        kernel, num_warps=4, BLOCK=8
+    )
+
+
+def test_arg_key_follows_tritons_specialization() -> None:
+    buf = torch.zeros(64, dtype=torch.int32)
+    key = utils._arg_key
+    assert key((buf, 16)) == key((buf[4:], 32))  # both 16-byte aligned, both % 16 == 0
+    assert key((buf, 16)) != key((buf[2:], 16))  # 8 bytes off
+    assert key((buf, 1)) != key((buf, 17)) != key((buf, 16))
+    assert key((buf, 2**31 - 1)) != key((buf, 2**31 + 15))  # i32 vs i64
+    assert key((buf, 2**63 + 16)) != key((buf, 2**62 + 16))  # u64 vs i64
+    assert key((buf, True)) != key((buf, 1))
+
+
+# ------------------------------------------------------------------ guard and scratch
+def test_no_device_guard_off_the_gpu() -> None:
+    for device in (torch.device("cpu"), META):
+        assert utils.device_guard(device) is utils._NO_GUARD
+
+
+def test_scratch_off_the_gpu_is_a_fresh_buffer() -> None:
+    a = utils.scratch("t", 10, torch.int32, META)
+    b = utils.scratch("t", 10, torch.int32, META)
+    assert a is not b and a.numel() >= 10 and a.dtype == torch.int32
