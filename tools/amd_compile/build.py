@@ -23,6 +23,7 @@ compilation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -133,7 +134,7 @@ class Spec:
             parts.append(f"{name}:{ty}{tags}")
         return " ".join(parts)
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         blob = json.dumps(self.describe(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -141,6 +142,10 @@ class Spec:
 
 _BACKENDS: dict[Target, Any] = {}
 _BINDERS: dict[tuple[int, Target], Any] = {}
+# Specs by what the binder returned: the same key JITFunction.run uses for its own
+# in-memory cache (the specialization list and the options), so a launch the binder
+# has seen is not packed and hashed again.
+_SPECS: dict[tuple[int, Target, str, str], Spec] = {}
 
 
 def specialize(kernel: Any, args: tuple, meta: dict[str, Any], target: Target) -> Spec:
@@ -164,12 +169,19 @@ def specialize(kernel: Any, args: tuple, meta: dict[str, Any], target: Target) -
     if hasattr(knobs.compilation, "instrumentation_mode"):
         kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     bound_args, specialization, bound_options = binder(*args, **kwargs)
+    seen = (id(kernel), target, str(specialization), str(sorted(bound_options.items())))
+    spec = _SPECS.get(seen)
+    if spec is not None:
+        return spec
     options, signature, constexprs, attrs = kernel._pack_args(
         backend, kwargs, bound_args, specialization, bound_options
     )
     launch_options = {k: v for k, v in kwargs.items() if k not in kernel.arg_names}
     meta_options = {k: v for k, v in meta.items() if k not in kernel.arg_names}
-    return Spec(kernel, target, signature, constexprs, attrs, options, launch_options, meta_options)
+    spec = _SPECS[seen] = Spec(
+        kernel, target, signature, constexprs, attrs, options, launch_options, meta_options
+    )
+    return spec
 
 
 def compile_spec(spec: Spec) -> dict[str, int]:

@@ -30,6 +30,14 @@ def _config_text(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items())
 
 
+def _config_order(config: dict[str, Any]) -> tuple:
+    """Sort key: numbers numerically, everything else as text (hashable)."""
+    return tuple(
+        (k, (0, v) if isinstance(v, int | float) and not isinstance(v, bool) else (1, str(v)))
+        for k, v in config.items()
+    )
+
+
 def _ok(entries: list[dict[str, Any]]) -> str:
     bad = sum(
         1 for e in entries if policy.problems(e["kernel"], e["target"], e["config"], e["resources"])
@@ -79,17 +87,18 @@ def _summary(entries: list[dict[str, Any]]) -> list[str]:
 def _details(entries: list[dict[str, Any]]) -> list[str]:
     """One row per kernel configuration (its constants and launch options), the worst
     case over the runtime specializations that share it, side by side per target."""
-    rows: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = defaultdict(
+    rows: dict[tuple[str, tuple], dict[str, list[dict[str, Any]]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for e in entries:
-        rows[(_short(e["kernel"]), _config_text(e["config"]))][e["target"]].append(e)
+        rows[(_short(e["kernel"]), _config_order(e["config"]))][e["target"]].append(e)
     head = "| kernel | configuration | " + " | ".join(
         [f"{t} VGPRs / SGPR spills / waves" for t in AMD_TARGETS]
         + [f"{t} regs / spill B" for t in NV_TARGETS]
     )
     out = [head + " |", "| --- | --- |" + " ---: |" * (len(AMD_TARGETS) + len(NV_TARGETS))]
-    for (kernel, config), per_target in sorted(rows.items()):
+    for (kernel, order), per_target in sorted(rows.items()):
+        config = _config_text(dict((k, v) for k, (_, v) in order))
         cells = []
         for t in AMD_TARGETS + NV_TARGETS:
             es = per_target.get(t, [])
