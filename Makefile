@@ -14,7 +14,7 @@ SGLANG_MAIN := 0.5.23
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 COMPAT := .compat
 
-.PHONY: venv demo test test-gpu compat bench bench-docs lint format clean gpu-wheels server-wheels server-docs
+.PHONY: venv demo test test-gpu compat bench bench-docs lint format clean gpu-wheels server-wheels server-docs amd-compile
 
 $(VENV)/.ready: pyproject.toml tools/compat/build_env.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ test: venv $(COMPAT)/server/layer.json
 	SGLANG_AMD_MOE_TEST_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# Compile every kernel launch the package makes for gfx942, gfx950 and sm_90 (on the CPU,
+# with the installed Triton) and rewrite tools/amd_compile/results.json and docs/amd.md.
+# `make test` runs the same gate (tests/test_amd_compile.py) from the committed results,
+# compiling only what they lack: run this after changing a kernel or its launch planning.
+amd-compile: venv
+	$(PY) -m tools.amd_compile sweep
 
 # On a GPU machine with this package installed (benchmarks/device.sh does it there).
 test-gpu:
