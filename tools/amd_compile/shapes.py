@@ -9,9 +9,9 @@ the captured launches change with them.
 
 The cases span what callers pass: the mask over M = 1..65536 rows, int32/int64 ids,
 float32/bfloat16 weights (and float16 weights or an int64 count at a few row counts),
-contiguous tensors and row-strided ones (a column slice of a wider buffer); the sort over (NE, TOPK) in {(257, 9), (513,
-11), (896, 16)}, MB in {16, 32, 64, 128}, the same M range, prologue 0 and 1, with and
-without a device count, with and without ``bf16_zero_out``.
+contiguous tensors and row-strided ones (a column slice of a wider buffer); the sort over
+(NE, TOPK) in {(257, 9), (513, 11), (896, 16)}, MB in {16, 32, 64, 128}, the same M range,
+prologue 0 and 1, with and without a device count, with and without ``bf16_zero_out``.
 """
 
 from __future__ import annotations
