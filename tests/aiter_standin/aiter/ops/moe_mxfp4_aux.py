@@ -2,11 +2,11 @@
 
 Upstream, ``mxfp4_moe_sort`` is a ``@compile_ops("module_moe_mxfp4_aux")`` stub bound to
 the HIP kernel in ``csrc/kernels/mxfp4_moe/moe_aux/moe_sort_quant.cuh``. Its signature
-is copied here exactly as it stands before aiter PR 7083 (seed 003): seventeen
+is copied here exactly as it stands before aiter PR 7083: seventeen
 keyword-callable parameters and no ``num_local_tokens``, so the kernel always sorts
 all ``M_logical`` rows.
 
-The body writes the output contract (BRIEF section 2) through this project's
+The body writes the output contract (``sglang_amd_moe.kernels.mxfp4_moe_sort``'s docstring) through this project's
 plain-torch reference with no count. Where the HIP kernel would count an out-of-range
 id (a padded row's ``-1``) into ``count[e]`` out of bounds, the reference drops the pair
 instead; this stand-in records each such route in :data:`standin_calls` so tests can
@@ -23,7 +23,7 @@ from torch import Tensor
 standin_calls: list[dict] = []
 
 # Stand-in subset of upstream's MXFP4_MOE_SUPPORTED_SHAPES (expert, model_dim,
-# inter_dim padded to 256, topk): two shapes from upstream's list, seed 003's
+# inter_dim padded to 256, topk): two shapes from upstream's list, aiter PR 7083's
 # Qwen3.8-Flash-Next TP1 shape (E=513, 2560/640 -> 768, topk 11), and the small test
 # shape of tests/aiter.
 MXFP4_MOE_SUPPORTED_SHAPES = frozenset(
