@@ -67,7 +67,7 @@ from typing import Any
 
 from sglang_amd_moe.runtime import aiter_forms
 from sglang_amd_moe.runtime import env as _env
-from sglang_amd_moe.runtime.hookstate import MARK, HookStatus, announce, mark
+from sglang_amd_moe.runtime.hookstate import MARK, HookStatus, announce, find_marked, mark
 from sglang_amd_moe.runtime.rebind import rebind_copies
 
 logger = logging.getLogger("sglang_amd_moe")
@@ -237,11 +237,22 @@ def status() -> HookStatus | None:
 
 
 def is_live() -> bool:
-    """True when this process's ``aiter.fused_moe`` currently carries this package's patch."""
+    """True when every wrapper of this hook is in place now (possibly under other
+    plugins' wrappers, followed through ``__wrapped__``). Imports nothing."""
     with _lock:
         if not _state.patches:
             return False
-        return all(getattr(p.module, p.attr, None) is p.replacement for p in _state.patches)
+        return all(_holds(getattr(p.module, p.attr, None), p.replacement) for p in _state.patches)
+
+
+def _holds(fn: Any, wrapper: Any, depth: int = 32) -> bool:
+    for _ in range(depth):
+        if fn is None:
+            return False
+        if fn is wrapper:
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
 
 
 def uninstall() -> None:
@@ -414,13 +425,13 @@ def _runtime(module: types.ModuleType, report: aiter_forms.FormReport) -> tuple[
     kernels, error = _kernels_error()
     rt = Runtime(
         impl_params=_params(impl),
-        impl_marked=hasattr(impl, MARK),
+        impl_marked=find_marked(impl) is not None,
         backend_present=bool(report.backend_var) and hasattr(module, report.backend_var),
         unsupported_params=_params(unsupported),
-        unsupported_marked=hasattr(unsupported, MARK),
+        unsupported_marked=find_marked(unsupported) is not None,
         aux_present=aux is not None,
         aux_params=_params(aux),
-        aux_marked=hasattr(aux, MARK),
+        aux_marked=find_marked(aux) is not None,
         kernels_error=error,
     )
     return rt, kernels

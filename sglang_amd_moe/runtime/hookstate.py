@@ -106,7 +106,11 @@ def announce(
 
 
 def mark(wrapper: Any, original: Any) -> Any:
-    """Set :data:`MARK` on ``wrapper`` (to ``original``) and return ``wrapper``."""
+    """Set :data:`MARK` on ``wrapper`` (to ``original``) and return ``wrapper``.
+
+    A wrapper that also sets ``__wrapped__`` (``functools.wraps``) must set it to the
+    same ``original``: :func:`find_marked` relies on it.
+    """
     setattr(wrapper, MARK, original)
     return wrapper
 
@@ -120,7 +124,10 @@ def find_marked(fn: Any, depth: int = 32) -> Any | None:
     for _ in range(depth):
         if fn is None:
             return None
-        if getattr(fn, MARK, None) is not None:
+        original = getattr(fn, MARK, None)
+        # functools.wraps copies __dict__, so a wrapper put on top of ours carries our
+        # mark too; only ours wraps exactly what the mark names.
+        if original is not None and getattr(fn, "__wrapped__", original) is original:
             return fn
         fn = getattr(fn, "__wrapped__", None)
     return None
