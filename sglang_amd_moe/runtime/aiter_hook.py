@@ -225,7 +225,9 @@ def install() -> HookStatus:
                 if TARGET not in sys.modules:
                     return current
             return _install_locked()
-    except Exception as exc:  # never take a server down
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # never take a server down (SystemExit from an import too)
         text = f"aiter hook failed ({type(exc).__name__}: {exc}); aiter left untouched"
         return _record(_status("error", None, text), exc_info=True)
 
@@ -367,7 +369,9 @@ class _PatchingLoader(importlib.abc.Loader):
         try:
             with _lock:
                 _on_loaded(module)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # ours must not fail aiter's import
             text = f"aiter hook failed ({type(exc).__name__}: {exc}); aiter left untouched"
             _record(_status("error", None, text), exc_info=True)
 

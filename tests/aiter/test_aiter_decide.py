@@ -161,3 +161,33 @@ def test_every_status_is_a_hookstatus(standin_on_path) -> None:
     assert st.hooked and st.message.startswith("sglang-amd-moe: aiter ")
     assert st.detail["patched"] == ["aiter.fused_moe._moe_sorting_impl"]
     assert st.detail["sha256"] == DROPPED.source_sha256
+
+
+@pytest.mark.parametrize("raised", [RuntimeError("boom"), SystemExit(3)])
+def test_install_never_raises(standin_on_path, raised: BaseException, caplog) -> None:
+    standin_on_path.setenv("SGLANG_AMD_MOE_FORCE", "1")
+
+    def boom():
+        raise raised
+
+    standin_on_path.setattr(aiter_hook, "_kernels_error", boom)
+    import aiter.fused_moe as fm
+
+    with caplog.at_level(logging.WARNING, logger="sglang_amd_moe"):
+        st = aiter_hook.install()
+    assert st.state == "error" and type(raised).__name__ in st.message
+    assert "aiter left untouched" in st.message and st.message in caplog.text
+    assert not hasattr(fm._moe_sorting_impl, aiter_hook.MARK) and not aiter_hook.is_live()
+
+
+def test_keyboard_interrupt_is_not_swallowed(standin_on_path) -> None:
+    standin_on_path.setenv("SGLANG_AMD_MOE_FORCE", "1")
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    standin_on_path.setattr(aiter_hook, "_kernels_error", interrupt)
+    import aiter.fused_moe  # noqa: F401
+
+    with pytest.raises(KeyboardInterrupt):
+        aiter_hook.install()
