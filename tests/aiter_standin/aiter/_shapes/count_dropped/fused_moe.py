@@ -462,31 +462,9 @@ def fused_moe_(
     swiglu_limit: float | None = None,
     gate_mode: str = GateMode.SEPARATED.value,
 ) -> torch.Tensor:
-    return _fused_moe_impl(
-        hidden_states=hidden_states,
-        w1=w1,
-        w2=w2,
-        topk_weight=topk_weight,
-        topk_ids=topk_ids,
-        expert_mask=expert_mask,
-        activation=activation,
-        quant_type=quant_type,
-        doweight_stage1=doweight_stage1,
-        w1_scale=w1_scale,
-        w2_scale=w2_scale,
-        a1_scale=a1_scale,
-        a2_scale=a2_scale,
-        block_size_M=block_size_M,
-        num_local_tokens=num_local_tokens,
-        moe_sorting_dispatch_policy=moe_sorting_dispatch_policy,
-        dtype=dtype,
-        hidden_pad=hidden_pad,
-        intermediate_pad=intermediate_pad,
-        bias1=bias1,
-        bias2=bias2,
-        swiglu_limit=swiglu_limit,
-        gate_mode=gate_mode,
-    )
+    # Upstream forwards every argument to _fused_moe_impl by keyword (and, in later
+    # trees, builds an expert-parallel scatter context first, not modelled here).
+    return _fused_moe_impl(**locals())
 
 
 def _fused_moe_impl(
