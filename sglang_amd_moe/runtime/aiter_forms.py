@@ -5,7 +5,8 @@ aiter's a4w4 (MXFP4) "inline-sort" MoE path sorts with the fused aux kernel
 that path honours ``num_local_tokens`` (the real row count of a padded CUDA-graph batch;
 the output contract is in ``sglang_amd_moe.kernels.mxfp4_moe_sort``) differs between
 aiter trees, and aiter cannot even be imported without ROCm, so the plugin and the
-audit decide from the source text (its AST), never from a version string. The form names are a public interface (the audit prints them):
+audit decide from the source text (its AST), never from a version string. The form
+names are a public interface (the audit prints them):
 
 ``count-dropped``
     ``_moe_sorting_impl`` sends ``output_aux`` calls (sort backend not excluded by
@@ -228,7 +229,8 @@ def analyze_source(source: str) -> FormReport:
             "unknown", f"{COUNT} is threaded only part way (not by {where})", **common
         )
     if impl_passes and adaptive_passes:
-        why = f"{', '.join(common['count_dropping_callers'])} call {PUBLIC_SORT}(output_aux=True) without {COUNT}"
+        callers = ", ".join(common["count_dropping_callers"])
+        why = f"{callers} call {PUBLIC_SORT}(output_aux=True) without {COUNT}"
     else:
         why = f"{SORT_IMPL} calls {ADAPTIVE} for output_aux without {COUNT}"
     return FormReport("count-dropped", why, **common)
@@ -335,8 +337,9 @@ def _adaptive_branch(
     """Find ``if output_aux and VAR not in (...) [and PURE]: return _adaptive_moe_sort(...)``.
 
     Returns (backend variable, excluded backends, the call, the test as source). Extra
-    conjuncts (the tree aiter PR 7083 was written against adds a size crossover such as ``3 * M * topk < 4 *
-    num_experts``) are accepted only when pure over the parameters, ``M``/``topk`` (when
+    conjuncts (the tree aiter PR 7083 was written against adds a size crossover such as
+    ``3 * M * topk < 4 * num_experts``) are accepted only when pure over the parameters,
+    ``M``/``topk`` (when
     the function unpacks ``topk_ids.shape`` into them) and the backend variable, so the
     hook can take exactly the same decision by evaluating the same expression.
     """

@@ -98,7 +98,7 @@ def triton_version() -> str | None:
 
 
 def parse_version(version: str) -> tuple[int, int] | None:
-    """``(major, minor)`` of a version string such as ``3.3.1+rocm6.4.1.git…``; None if unreadable."""
+    """``(major, minor)`` of a version such as ``3.3.1+rocm6.4.1.git…``; None if unreadable."""
     match = re.match(r"\s*(\d+)\.(\d+)", version)
     return (int(match.group(1)), int(match.group(2))) if match else None
 

@@ -2,8 +2,9 @@
 
 The stand-in (``tests/aiter_standin``) is put on ``sys.path`` only here and in the
 subprocesses these tests start; it is never installed. Switching shapes in one process
-means forgetting every ``aiter`` module (the stand-in reads ``SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE`` at
-import) and undoing the hook (:func:`sglang_amd_moe.runtime.aiter_hook.uninstall`).
+means forgetting every ``aiter`` module (the stand-in reads
+``SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE`` at import) and undoing the hook
+(:func:`sglang_amd_moe.runtime.aiter_hook.uninstall`).
 """
 
 from __future__ import annotations

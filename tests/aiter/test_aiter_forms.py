@@ -92,8 +92,10 @@ def test_standin_count_rejected_tree() -> None:
 
 
 def test_count_honored_when_the_count_is_threaded_all_the_way() -> None:
-    both = edit(honored(DROPPED), FUSED_AUX_CALL, FUSED_AUX_CALL.replace(
-        "block_size_M,\n", "block_size_M,\n            num_local_tokens=num_local_tokens,\n"))  # fmt: skip
+    threaded = "block_size_M,\n            num_local_tokens=num_local_tokens,\n"
+    both = edit(
+        honored(DROPPED), FUSED_AUX_CALL, FUSED_AUX_CALL.replace("block_size_M,\n", threaded)
+    )
     assert classify_source(both) == "count-honored"
     # The sort honours it but _fused_moe_impl still drops it: still count-dropped.
     r = analyze_source(honored(DROPPED))
@@ -103,11 +105,15 @@ def test_count_honored_when_the_count_is_threaded_all_the_way() -> None:
 
 def test_patched_route_through_our_adaptive_sort_counts_as_honoring() -> None:
     # patches/aiter-count-dropped.diff sends counted calls to our adaptive_moe_sort.
-    s = edit(DROPPED, "    moebuf_dtype=dtypes.bf16,\n):", "    moebuf_dtype=dtypes.bf16,\n    num_local_tokens=None,\n):\n"
-             "    if num_local_tokens is not None:\n"
-             "        from sglang_amd_moe.kernels import adaptive_moe_sort\n\n"
-             "        return adaptive_moe_sort(topk_ids, topk_weights, num_experts, topk, block_size,\n"
-             "                                 model_dim, num_local_tokens=num_local_tokens)")  # fmt: skip
+    routed = (
+        "    moebuf_dtype=dtypes.bf16,\n    num_local_tokens=None,\n):\n"
+        "    if num_local_tokens is not None:\n"
+        "        from sglang_amd_moe.kernels import adaptive_moe_sort\n\n"
+        "        return adaptive_moe_sort(topk_ids, topk_weights, num_experts, topk,\n"
+        "                                 block_size, model_dim,\n"
+        "                                 num_local_tokens=num_local_tokens)"
+    )
+    s = edit(DROPPED, "    moebuf_dtype=dtypes.bf16,\n):", routed)
     s = edit(
         s,
         IMPL_CALL_END,
@@ -153,7 +159,8 @@ def test_absent_without_an_aux_sort() -> None:
             "branch",
         ),
         (
-            "        # Upstream: the adaptive (fused) aux sort; num_local_tokens is not passed on.\n",
+            "        # Upstream: the adaptive (fused) aux sort; "
+            "num_local_tokens is not passed on.\n",
             "        topk_ids = topk_ids.contiguous()\n",
             "branch",
         ),

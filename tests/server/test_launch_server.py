@@ -219,7 +219,9 @@ def test_plain_server_log_shows_the_plugin_line(tmp_path: Path) -> None:
         "--host", "127.0.0.1", "--port", str(_free_port()),
     ]  # fmt: skip
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     t0 = time.monotonic()
     try:  # until it stops where the test above says, or serves
         while proc.poll() is None and time.monotonic() - t0 < DEADLINE_S:

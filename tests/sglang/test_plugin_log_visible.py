@@ -26,7 +26,10 @@ from pathlib import Path
 import pytest
 from sglang_release_support import REPO, require_built
 
-LINE = "sglang-amd-moe: not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it); nothing hooked"
+LINE = (
+    "sglang-amd-moe: not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it); "
+    "nothing hooked"
+)
 AFTER = "after SGLang configured logging"
 # The server's extra packages (setproctitle, uvicorn, ...) that the process modules
 # import; added with PYTHONPATH, which does not run the layer's .pth (so no other SGLang).

@@ -336,7 +336,8 @@ def _parse_mxfp4_g2_kname(kernelName2):
 
 def standin_inline_sort_metadata(block_m=16, atomic=True):
     """Stand-in only: a tuned BM16 inline-sort (``output_aux``) config like aiter PR 7083's rows."""
-    kn2 = f"flydsl_moe2_layout_afp4_wfp4_bf16_t{block_m}x128x128_{'atomic' if atomic else 'reduce'}_sbm{block_m}"
+    mode = "atomic" if atomic else "reduce"
+    kn2 = f"flydsl_moe2_layout_afp4_wfp4_bf16_t{block_m}x128x128_{mode}_sbm{block_m}"
     return MOEMetadata(
         stage1=functools.partial(
             _standin_stage, kernelName1="flydsl_mxmoe_g1_a4w4_16x256x256_f16in"
