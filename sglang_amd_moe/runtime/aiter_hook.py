@@ -285,13 +285,12 @@ def _record(st: HookStatus, *, level: int | None = None, exc_info: bool = False)
 
 
 def _install_locked() -> HookStatus:
+    # The same words as the SGLang hook's: register() logs the two as one line.
     if _env.disabled():
-        return _record(
-            _status("off", None, "disabled by SGLANG_AMD_MOE_DISABLE=1; aiter not hooked")
-        )
+        return _record(_status("off", None, "disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked"))
     allowed, why = _env.gate()
     if not allowed:
-        return _record(_status("off", None, f"{why}; aiter not hooked"))
+        return _record(_status("off", None, f"{why}; nothing hooked"))
     module = sys.modules.get(TARGET)
     if module is None:
         try:

@@ -9,11 +9,11 @@ logged and leaves upstream untouched, so the plugins after this one still load.
 What it does, in order:
 
 1. makes the package's log line visible (see :func:`_make_log_visible`);
-2. ``SGLANG_AMD_MOE_DISABLE=1``: one line, nothing else;
-3. the gate (:func:`sglang_amd_moe.runtime.env.gate`: ROCm torch or
-   ``SGLANG_AMD_MOE_FORCE=1``, and a Triton the kernels run on): closed, one line saying
-   why, nothing hooked and no kernel imported;
-4. the SGLang hook (``register`` only), then the aiter hook; each logs its own line.
+2. installs the SGLang hook (``register`` only), then the aiter hook. Each applies
+   ``SGLANG_AMD_MOE_DISABLE=1`` and the gate (:func:`sglang_amd_moe.runtime.env.gate`:
+   ROCm torch or ``SGLANG_AMD_MOE_FORCE=1``, and a Triton the kernels run on) before it
+   imports anything: closed, it reports ``off`` with the reason and hooks nothing, and
+   the two hooks' identical lines make one. Otherwise each logs its own line.
 
 SGLang's own ``SGLANG_PLUGINS`` whitelist decides whether it runs at all. Calls are
 serialised by a lock, so threads calling it at once hook once.
@@ -25,13 +25,9 @@ import builtins
 import logging
 import threading
 
-from sglang_amd_moe.runtime import env as _env
-
 logger = logging.getLogger("sglang_amd_moe")
 
 _LOCK = threading.RLock()
-#: The last plugin-level line logged in this process (disabled / gate closed).
-_LAST_LINE: str | None = None
 _FORMAT = "[%(asctime)s %(process)d] %(name)s %(levelname)s: %(message)s"
 
 
@@ -96,26 +92,34 @@ def _run(*, sglang: bool) -> None:
     try:
         with _LOCK:
             _make_log_visible()
-            if _env.disabled():
-                _line("sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked")
-                return
-            allowed, why = _env.gate()
-            if not allowed:
-                _line(f"sglang-amd-moe: {why}; nothing hooked")
-                return
-            if sglang:
-                _guarded("the SGLang hook", "SGLang", _install_sglang)
-            _guarded("the aiter hook", "aiter", _install_aiter)
-    except BaseException as exc:  # the lock, the gate, logging itself: still never raise
+            # Each hook applies the disable switch and the gate itself (and reports "off"
+            # with the reason, which the audit reads); when both say the same, one line.
+            collapse = _CollapseRepeats()
+            logger.addFilter(collapse)
+            try:
+                if sglang:
+                    _guarded("the SGLang hook", "SGLang", _install_sglang)
+                _guarded("the aiter hook", "aiter", _install_aiter)
+            finally:
+                logger.removeFilter(collapse)
+    except BaseException as exc:  # the lock, logging itself: still never raise
         _swallow(exc, "sglang-amd-moe: the plugin failed; nothing hooked")
 
 
-def _line(text: str) -> None:
-    """The plugin's own line (disabled / gate closed), once per process and change."""
-    global _LAST_LINE
-    if text != _LAST_LINE:
-        _LAST_LINE = text
-        logger.info("%s", text)
+class _CollapseRepeats(logging.Filter):
+    """Within one registration, drops a line identical to one already logged (both hooks
+    report a closed gate or ``SGLANG_AMD_MOE_DISABLE`` in the same words)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text in self._seen:
+            return False
+        self._seen.add(text)
+        return True
 
 
 def _install_sglang() -> None:

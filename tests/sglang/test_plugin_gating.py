@@ -47,10 +47,11 @@ CHILD = textwrap.dedent(
     plugin.register()
     plugin.register_vllm()
     from sglang_amd_moe.runtime import aiter_hook, sglang_hook
+    sg, ai = sglang_hook.status(), aiter_hook.status()
     print("RESULT " + json.dumps({
         "lines": lines,
-        "sglang_status": sglang_hook.status() is not None,
-        "aiter_status": aiter_hook.status() is not None,
+        "sglang": None if sg is None else {"hooked": sg.hooked, "message": sg.message},
+        "aiter": None if ai is None else {"state": ai.state, "message": ai.message},
         "finders": sum(getattr(f, "_sglang_amd_moe_finder", False) for f in sys.meta_path),
         "imported": sorted(m for m in ("sglang_amd_moe.kernels", "sglang.srt.layers.moe.topk",
                                        "triton") if sys.modules.get(m) is not None),
@@ -75,8 +76,11 @@ def run_child(setup: str, **env_vars: str) -> dict:
 
 
 def assert_nothing_hooked(r: dict, line: str) -> None:
-    assert r["lines"] == [line], r["lines"]  # one line for three entry-point calls
-    assert not r["sglang_status"] and not r["aiter_status"]  # no hook's install() ran
+    assert r["lines"] == [line], r["lines"]  # one line for two hooks and three calls
+    # Both hooks ran, decided "off" for the same reason (what the audit reads), and hooked
+    # nothing: no import hook for aiter, no kernel or SGLang module imported.
+    assert r["sglang"] == {"hooked": False, "message": line}
+    assert r["aiter"] == {"state": "off", "message": line}
     assert r["finders"] == 0
     assert "sglang_amd_moe.kernels" not in r["imported"]
     assert "sglang.srt.layers.moe.topk" not in r["imported"]
