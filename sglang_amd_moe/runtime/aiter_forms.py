@@ -2,24 +2,26 @@
 
 aiter's a4w4 (MXFP4) "inline-sort" MoE path sorts with the fused aux kernel
 ``aiter.mxfp4_moe_sort`` through ``_moe_sorting_impl`` -> ``_adaptive_moe_sort``. Whether
-that path honours ``num_local_tokens`` (the real row count of a padded CUDA-graph batch,
-BRIEF section 2) differs between aiter trees, and aiter cannot even be imported without
-ROCm, so the plugin and the audit decide from the source text (its AST), never from a
-version string. The form names are a public interface (the audit prints them):
+that path honours ``num_local_tokens`` (the real row count of a padded CUDA-graph batch;
+the output contract is in ``sglang_amd_moe.kernels.mxfp4_moe_sort``) differs between
+aiter trees, and aiter cannot even be imported without ROCm, so the plugin and the
+audit decide from the source text (its AST), never from a version string. The form
+names are a public interface (the audit prints them):
 
 ``count-dropped``
     ``_moe_sorting_impl`` sends ``output_aux`` calls (sort backend not excluded by
     ``AITER_MOE_SORT_BACKEND``) to ``_adaptive_moe_sort`` without the count, so padded
-    rows' ids are sorted as experts (aiter main as read in Aug 2026). aiter main also
-    drops the count one level up: ``fused_moe_`` calls ``moe_sorting(...,
-    output_aux=True)`` without it (``FormReport.count_dropping_callers``); a tree whose
-    sort honours the count but whose callers still drop it is ``count-dropped`` too.
+    rows' ids are sorted as experts (aiter main since commit b2dd7703df, Jul 2026). aiter
+    main also drops the count one level up: ``_fused_moe_impl`` (the plain function the
+    torch custom op ``fused_moe_`` calls) runs ``moe_sorting(..., output_aux=True)``
+    without it (``FormReport.count_dropping_callers``); a tree whose sort honours the
+    count but whose callers still drop it is ``count-dropped`` too.
 ``count-rejected``
     ``_mxfp4_inline_sort_unsupported`` exists and rejects calls because they carry
     ``num_local_tokens``, so tuned inline-sort configs are discarded whenever a caller
-    passes a count (the later aiter of seed 003, before its PR 7083).
+    passes a count (the aiter tree that aiter PR 7083 was written against).
 ``count-honored``
-    the adaptive path passes the count on to ``mxfp4_moe_sort`` (seed 003's fix).
+    the adaptive path passes the count on to ``mxfp4_moe_sort`` (aiter PR 7083's fix).
 ``absent``
     no MXFP4 aux sort in this aiter (older releases: no ``mxfp4_moe_sort`` referenced).
 ``unknown``
@@ -124,7 +126,7 @@ class FormReport:
     #: ``_adaptive_moe_sort`` passes the count on to ``mxfp4_moe_sort``.
     adaptive_passes_count: bool = False
     #: Functions that call ``moe_sorting(..., output_aux=True)`` without the count even
-    #: though they have one (aiter main's ``fused_moe_`` does): the hook threads it.
+    #: though they have one (aiter main's ``_fused_moe_impl`` does): the hook threads it.
     count_dropping_callers: tuple[str, ...] = field(default_factory=tuple)
     #: Parameters of ``_mxfp4_inline_sort_unsupported`` (empty when absent).
     unsupported_params: tuple[str, ...] = field(default_factory=tuple)
@@ -227,7 +229,8 @@ def analyze_source(source: str) -> FormReport:
             "unknown", f"{COUNT} is threaded only part way (not by {where})", **common
         )
     if impl_passes and adaptive_passes:
-        why = f"{', '.join(common['count_dropping_callers'])} call {PUBLIC_SORT}(output_aux=True) without {COUNT}"
+        callers = ", ".join(common["count_dropping_callers"])
+        why = f"{callers} call {PUBLIC_SORT}(output_aux=True) without {COUNT}"
     else:
         why = f"{SORT_IMPL} calls {ADAPTIVE} for output_aux without {COUNT}"
     return FormReport("count-dropped", why, **common)
@@ -334,8 +337,9 @@ def _adaptive_branch(
     """Find ``if output_aux and VAR not in (...) [and PURE]: return _adaptive_moe_sort(...)``.
 
     Returns (backend variable, excluded backends, the call, the test as source). Extra
-    conjuncts (seed 003's tree adds a size crossover such as ``3 * M * topk < 4 *
-    num_experts``) are accepted only when pure over the parameters, ``M``/``topk`` (when
+    conjuncts (the tree aiter PR 7083 was written against adds a size crossover such as
+    ``3 * M * topk < 4 * num_experts``) are accepted only when pure over the parameters,
+    ``M``/``topk`` (when
     the function unpacks ``topk_ids.shape`` into them) and the backend variable, so the
     hook can take exactly the same decision by evaluating the same expression.
     """
@@ -408,7 +412,8 @@ def _adaptive_call_shape(call: ast.Call) -> tuple[bool, bool, str]:
 
 def _count_dropping_callers(tree: ast.Module) -> tuple[str, ...]:
     """Top-level functions that have a ``num_local_tokens`` parameter but call
-    ``moe_sorting(..., output_aux=True)`` without passing it (aiter main's ``fused_moe_``)."""
+    ``moe_sorting(..., output_aux=True)`` without passing it (aiter main's
+    ``_fused_moe_impl``)."""
     out: list[str] = []
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef) or COUNT not in param_names(node):

@@ -1,23 +1,24 @@
-"""Make aiter's MXFP4 (a4w4) aux sort honour ``num_local_tokens`` wherever aiter drops or
-rejects it (issue 4; BRIEF section 2).
+"""The aiter hook: make aiter's MXFP4 (a4w4) aux sort honour ``num_local_tokens`` wherever
+aiter drops or rejects it.
 
 ``num_local_tokens`` is the real row count of a padded CUDA-graph batch, a 1-element
-device tensor (ATOM passes it on every forward). What the installed aiter does with it is
-read off the text of ``aiter/fused_moe.py`` by :mod:`sglang_amd_moe.runtime.aiter_forms`, never
-from a version string, and this module acts per form:
+device tensor a caller passes to ``aiter.fused_moe.fused_moe`` so the MoE sort skips the
+padded rows. What the installed aiter does with it is read off the text of
+``aiter/fused_moe.py`` by :mod:`sglang_amd_moe.runtime.aiter_forms`, never from a version
+string, and this module acts per form:
 
-``count-dropped`` (aiter main, Aug 2026)
+``count-dropped`` (aiter main since commit b2dd7703df, Jul 2026)
     ``_moe_sorting_impl`` is wrapped (an AROUND hook): a call that takes its adaptive
     branch (``output_aux`` and a sort backend the branch does not exclude, decided by
     evaluating upstream's own condition) and carries a count goes to
     :func:`sglang_amd_moe.kernels.adaptive_moe_sort` with that count; every other call
-    goes to aiter unchanged. aiter main drops the count one level earlier too:
-    ``fused_moe_`` calls ``moe_sorting(..., output_aux=True)`` without it. For the
-    callers the classifier names (``FormReport.count_dropping_callers``) the hook reads
-    the count from that caller's frame, and only when the caller's ``topk_ids`` is the
-    very tensor being sorted; ``fused_moe_`` is a torch custom op upstream, so wrapping
-    it from outside would not reach its body (and would break ``torch.compile`` graphs).
-``count-rejected`` (seed 003's tree, before aiter PR 7083)
+    goes to aiter unchanged. aiter main drops the count one level earlier too: the
+    plain function ``_fused_moe_impl`` (called by the torch custom op ``fused_moe_``,
+    which ``fused_moe`` calls) runs ``moe_sorting(..., output_aux=True)`` without it. For
+    the callers the classifier names (``FormReport.count_dropping_callers``) the hook
+    reads the count from that caller's frame, only from aiter's own ``fused_moe.py``,
+    and only when the caller's ``topk_ids`` is the very tensor being sorted.
+``count-rejected`` (the aiter tree aiter PR 7083 was written against)
     ``_mxfp4_inline_sort_unsupported`` is wrapped: when it rejects a call that carries a
     count, it is asked again with the count cleared, and only if that answer is
     "supported" is the call let through (every other reason still rejects). The sort
@@ -28,14 +29,27 @@ from a version string, and this module acts per form:
 ``count-honored``, ``absent``
     nothing. ``unknown``: nothing, and one WARNING.
 
+What this can and cannot cover: it honours a count that a caller passes. A call
+without one (for ATOM, see the README's aiter section: its non-expert-parallel MoE
+calls and its mori v2 path pass none) is left to aiter unchanged: nothing in such a
+call says which rows are padding. aiter main also refuses the MXFP4 inline-sort config
+when ``expert_mask`` is given (expert parallelism), before any sort runs.
+
+Shape (the same as :mod:`sglang_amd_moe.runtime.sglang_hook`'s, see
+:mod:`sglang_amd_moe.runtime.hookstate`): :func:`install` returns a
+:class:`~sglang_amd_moe.runtime.hookstate.HookStatus`, :func:`status` the last one,
+:func:`uninstall` undoes everything, :func:`is_live` says whether the wrappers are in
+place. The decision is :func:`decide`, a pure function of the form report and what the
+running module offers (:class:`Runtime`); applying its :class:`Plan` is separate.
+
 aiter is imported lazily by SGLang (``SGLANG_USE_AITER=1``) and by ATOM, so
 :func:`install` patches ``aiter.fused_moe`` at once if it is already imported, and
 otherwise puts a finder on ``sys.meta_path`` whose loader patches the module right after
-it executes, before anything can call it. It never imports aiter itself (only
-``importlib.util.find_spec("aiter")`` on the top-level name), never raises, and leaves
-aiter untouched whenever anything is not as expected. Copies bound by
-``from aiter.fused_moe import X`` (or ``from aiter import mxfp4_moe_sort``) in loaded
-modules are rebound too.
+it executes, before anything can call it (state ``pending`` until then). It never
+imports aiter itself (only ``importlib.util.find_spec("aiter")`` on the top-level name),
+never raises, and leaves aiter untouched whenever anything is not as expected. Copies
+bound by ``from aiter.fused_moe import X`` (or ``from aiter import mxfp4_moe_sort``) in
+loaded modules are rebound too.
 """
 
 from __future__ import annotations
@@ -52,14 +66,121 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_amd_moe.runtime import aiter_forms
+from sglang_amd_moe.runtime import env as _env
+from sglang_amd_moe.runtime.hookstate import MARK, HookStatus, announce, find_marked, mark
 from sglang_amd_moe.runtime.rebind import rebind_copies
 
 logger = logging.getLogger("sglang_amd_moe")
 
 TARGET = "aiter.fused_moe"
-#: Attribute set on every wrapper this module installs: the wrapped original.
-MARK = "__sglang_amd_moe_original__"
+#: ``HookStatus.target`` of this hook.
+NAME = "aiter"
 _COUNT = aiter_forms.COUNT
+_FIXABLE = ("count-dropped", "count-rejected")
+_KERNELS_NEEDED = ("adaptive_moe_sort", "mxfp4_moe_sort")
+
+__all__ = [
+    "MARK",
+    "Plan",
+    "Refusal",
+    "Runtime",
+    "decide",
+    "install",
+    "is_live",
+    "status",
+    "uninstall",
+]
+
+
+# --- the decision (pure) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the running ``aiter.fused_moe`` (and this package) offer, read without calling.
+
+    Parameter tuples are None when the attribute is missing, not callable or has no
+    signature.
+    """
+
+    impl_params: tuple[str, ...] | None = None
+    impl_marked: bool = False
+    backend_present: bool = False
+    unsupported_params: tuple[str, ...] | None = None
+    unsupported_marked: bool = False
+    #: ``aiter.mxfp4_moe_sort``: present, its parameters (None: no signature), marked.
+    aux_present: bool = False
+    aux_params: tuple[str, ...] | None = None
+    aux_marked: bool = False
+    #: Why ``sglang_amd_moe.kernels`` cannot serve the hook ("" when it can, or unchecked).
+    kernels_error: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to wrap for a fixable form."""
+
+    form: str
+    #: Wrap ``_moe_sorting_impl`` (route counted adaptive calls to our sort).
+    wrap_impl: bool
+    #: Wrap ``_mxfp4_inline_sort_unsupported`` (stop rejecting for the count alone).
+    unreject: bool
+    #: Wrap ``aiter.mxfp4_moe_sort`` so it accepts ``num_local_tokens``.
+    accept_count: bool
+
+    def targets(self) -> tuple[str, ...]:
+        names = [aiter_forms.SORT_IMPL] if self.wrap_impl else []
+        names += [aiter_forms.INLINE_UNSUPPORTED] if self.unreject else []
+        names += [f"aiter.{aiter_forms.AUX_KERNEL}"] if self.accept_count else []
+        return tuple(names)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why nothing is wrapped: ``state`` is ``not-needed``, ``refused`` or ``error``."""
+
+    state: str
+    reason: str
+
+
+def decide(report: aiter_forms.FormReport, rt: Runtime) -> Plan | Refusal:
+    """The plan for ``report`` (what the file says) given ``rt`` (what is running). Pure."""
+    form = report.form
+    if form in ("count-honored", "absent"):
+        return Refusal("not-needed", aiter_forms.ACTIONS[form])
+    if form not in _FIXABLE:
+        why = report.reason or "unrecognised"
+        sha = report.source_sha256[:16] or "none"
+        return Refusal("refused", f"{aiter_forms.ACTIONS['unknown']} ({why}; sha256 {sha})")
+    if rt.impl_marked or rt.unsupported_marked:
+        return Refusal("refused", "already wrapped by another copy of sglang-amd-moe; left as is")
+    if rt.kernels_error:
+        return Refusal("error", rt.kernels_error)
+    impl = aiter_forms.SORT_IMPL
+    if rt.impl_params is None:
+        return Refusal("refused", f"{TARGET}.{impl} is missing or has no signature at run time")
+    wrap_impl = not (report.impl_passes_count and report.adaptive_passes_count) or bool(
+        report.count_dropping_callers
+    )
+    if wrap_impl:
+        missing = [p for p in aiter_forms.IMPL_PARAMS_READ if p not in rt.impl_params]
+        if missing:
+            return Refusal("refused", f"{TARGET}.{impl} differs at run time (no {missing})")
+        if not report.branch_test or not report.backend_var:
+            return Refusal("refused", f"{TARGET}.{impl} has no adaptive branch to evaluate")
+        if not rt.backend_present:
+            return Refusal("refused", f"{TARGET}.{report.backend_var} is missing at run time")
+    unreject = form == "count-rejected"
+    accept_count = False
+    if unreject:
+        if rt.unsupported_params is None or _COUNT not in rt.unsupported_params:
+            unsupported = aiter_forms.INLINE_UNSUPPORTED
+            return Refusal("refused", f"{TARGET}.{unsupported} cannot be wrapped at run time")
+        accept_count = rt.aux_present and not rt.aux_marked and _COUNT not in (rt.aux_params or ())
+    return Plan(form, wrap_impl=wrap_impl, unreject=unreject, accept_count=accept_count)
+
+
+# --- process state ---------------------------------------------------------------------
 
 
 @dataclass
@@ -72,13 +193,10 @@ class _Patch:
 
 @dataclass
 class _State:
-    #: The form read off the last ``aiter.fused_moe`` seen (None: not seen yet).
-    found_form: str | None = None
+    #: The last status (None: never installed, or uninstalled).
+    status: HookStatus | None = None
     report: aiter_forms.FormReport | None = None
-    #: The form patched (None: nothing patched).
-    form: str | None = None
     patches: list[_Patch] = field(default_factory=list)
-    origin: str = ""
 
 
 _state = _State()
@@ -89,74 +207,58 @@ _busy = threading.local()
 # --- public API ------------------------------------------------------------------------
 
 
-def install() -> str:
-    """Patch aiter now or when ``aiter.fused_moe`` is imported; never raises.
+def install() -> HookStatus:
+    """Patch aiter now, or when ``aiter.fused_moe`` is imported; never raises.
 
-    Returns what happened: ``"no-aiter"`` (aiter not installed: one DEBUG line, nothing
-    else), ``"pending"`` (finder installed, ``aiter.fused_moe`` not imported yet), the
-    form found when ``aiter.fused_moe`` was already imported, or ``"error"``.
+    Idempotent: while the hook is live or pending, a second call changes nothing and
+    logs nothing. States: ``off`` (disabled, or the gate of
+    :func:`sglang_amd_moe.runtime.env.gate` is closed), ``not-needed`` (aiter not
+    installed, or a form that needs nothing), ``pending`` (finder installed,
+    ``aiter.fused_moe`` not imported yet), ``live``, ``refused``, ``error``.
     """
     try:
         with _lock:
-            module = sys.modules.get(TARGET)
-            if module is None:
-                try:
-                    spec = importlib.util.find_spec("aiter")
-                except Exception as exc:  # a broken sys.path entry or a half-imported aiter
-                    logger.debug(
-                        "sglang-amd-moe: cannot look up aiter (%s); aiter hook skipped", exc
-                    )
-                    return "no-aiter"
-                # A bare directory named aiter on sys.path is a namespace package (no
-                # origin); the real aiter is a regular package, which would win over it.
-                if spec is None or spec.origin in (None, "namespace"):
-                    logger.debug("sglang-amd-moe: aiter is not installed; aiter hook not needed")
-                    return "no-aiter"
-            _install_finder()
-            if module is None:
-                return "pending"
-            return _on_loaded(module)
-    except Exception:
-        logger.exception("sglang-amd-moe: aiter hook failed; aiter left untouched")
-        return "error"
+            current = _state.status
+            if current is not None and current.state == "live" and is_live():
+                return current
+            if current is not None and current.state == "pending" and _finder_installed():
+                if TARGET not in sys.modules:
+                    return current
+            return _install_locked()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # never take a server down (SystemExit from an import too)
+        text = f"aiter hook failed ({type(exc).__name__}: {exc}); aiter left untouched"
+        return _record(_status("error", None, text), exc_info=True)
+
+
+def status() -> HookStatus | None:
+    """The last decision in this process (None: never installed, or uninstalled)."""
+    with _lock:
+        return _state.status
 
 
 def is_live() -> bool:
-    """True when this process's ``aiter.fused_moe`` currently carries this package's patch."""
+    """True when every wrapper of this hook is in place now (possibly under other
+    plugins' wrappers, followed through ``__wrapped__``). Imports nothing."""
     with _lock:
-        if _state.form is None or not _state.patches:
+        if not _state.patches:
             return False
-        return all(getattr(p.module, p.attr, None) is p.replacement for p in _state.patches)
+        return all(_holds(getattr(p.module, p.attr, None), p.replacement) for p in _state.patches)
 
 
-def installed_form() -> str | None:
-    """The form that was found and patched in this process, or None."""
-    with _lock:
-        return _state.form if is_live() else None
-
-
-def found_form() -> str | None:
-    """The form read off ``aiter.fused_moe`` in this process (patched or not), or None."""
-    with _lock:
-        return _state.found_form
-
-
-def status() -> dict[str, Any]:
-    """What the hook knows (for the audit): form found, form patched, patched targets."""
-    with _lock:
-        return {
-            "found_form": _state.found_form,
-            "installed_form": installed_form(),
-            "live": is_live(),
-            "pending": _finder_installed() and _state.found_form is None,
-            "reason": _state.report.reason if _state.report else "",
-            "origin": _state.origin,
-            "patched": [f"{p.module.__name__}.{p.attr}" for p in _state.patches],
-        }
+def _holds(fn: Any, wrapper: Any, depth: int = 32) -> bool:
+    for _ in range(depth):
+        if fn is None:
+            return False
+        if fn is wrapper:
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
 
 
 def uninstall() -> None:
-    """Restore every patched attribute and remove the import finder (tests, audits)."""
+    """Restore every patched attribute and remove the import finder."""
     with _lock:
         for p in reversed(_state.patches):
             if getattr(p.module, p.attr, None) is p.replacement:
@@ -165,6 +267,47 @@ def uninstall() -> None:
             f for f in sys.meta_path if not getattr(f, "_sglang_amd_moe_finder", False)
         ]
         _state.__init__()  # type: ignore[misc]
+
+
+# --- statuses --------------------------------------------------------------------------
+
+
+def _status(state: str, form: str | None, text: str, **detail: Any) -> HookStatus:
+    return HookStatus(NAME, state, form, f"sglang-amd-moe: {text}", detail)
+
+
+def _record(st: HookStatus, *, level: int | None = None, exc_info: bool = False) -> HookStatus:
+    """Keep ``st`` as this process's status and log it if it says something new."""
+    with _lock:
+        previous, _state.status = _state.status, st
+        announce(logger, st, previous, level=level, exc_info=exc_info)
+    return st
+
+
+def _install_locked() -> HookStatus:
+    # The same words as the SGLang hook's: register() logs the two as one line.
+    if _env.disabled():
+        return _record(_status("off", None, "disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked"))
+    allowed, why = _env.gate()
+    if not allowed:
+        return _record(_status("off", None, f"{why}; nothing hooked"))
+    module = sys.modules.get(TARGET)
+    if module is None:
+        try:
+            spec = importlib.util.find_spec("aiter")
+        except Exception as exc:  # a broken sys.path entry or a half-imported aiter
+            text = f"cannot look up aiter ({type(exc).__name__}: {exc}); aiter hook not needed"
+            return _record(_status("not-needed", None, text), level=logging.DEBUG)
+        # A bare directory named aiter on sys.path is a namespace package (no origin);
+        # the real aiter is a regular package, which would win over it.
+        if spec is None or spec.origin in (None, "namespace"):
+            text = "aiter is not installed; aiter hook not needed"
+            return _record(_status("not-needed", None, text), level=logging.DEBUG)
+    _install_finder()
+    if module is None:
+        text = f"aiter hook pending: {TARGET} is patched when it is imported"
+        return _record(_status("pending", None, text), level=logging.DEBUG)
+    return _on_loaded(module)
 
 
 # --- import-time patching --------------------------------------------------------------
@@ -225,14 +368,17 @@ class _PatchingLoader(importlib.abc.Loader):
         try:
             with _lock:
                 _on_loaded(module)
-        except Exception:
-            logger.exception("sglang-amd-moe: aiter hook failed; aiter left untouched")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # ours must not fail aiter's import
+            text = f"aiter hook failed ({type(exc).__name__}: {exc}); aiter left untouched"
+            _record(_status("error", None, text), exc_info=True)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
         return getattr(self._loader, name)
 
 
-# --- deciding and patching -------------------------------------------------------------
+# --- reading, deciding, applying -------------------------------------------------------
 
 
 def _read_source(module: types.ModuleType) -> tuple[str | None, str]:
@@ -250,121 +396,95 @@ def _read_source(module: types.ModuleType) -> tuple[str | None, str]:
         return None, origin
 
 
-def _on_loaded(module: types.ModuleType) -> str:
-    """Classify ``module`` (``aiter.fused_moe``) and patch it per its form."""
-    source, origin = _read_source(module)
-    if source is None:
-        _state.found_form, _state.report, _state.origin = "unknown", None, origin
-        logger.warning(
-            "sglang-amd-moe: cannot read the source of %s (%s); aiter left untouched",
-            TARGET,
-            origin or "no file",
-        )
-        return "unknown"
-    report = aiter_forms.analyze_source(source)
-    _state.found_form, _state.report, _state.origin = report.form, report, origin
-    form = report.form
-    if form in ("count-honored", "absent"):
-        logger.debug(
-            "sglang-amd-moe: aiter form %s (%s): %s", form, origin, aiter_forms.ACTIONS[form]
-        )
-        return form
-    if form != "count-dropped" and form != "count-rejected":
-        logger.warning(
-            "sglang-amd-moe: aiter form unknown (%s: %s; sha256 %s): %s",
-            origin,
-            report.reason,
-            report.source_sha256[:16],
-            aiter_forms.ACTIONS["unknown"],
-        )
-        return form
-    if _already_patched(module):
-        return form
-    kernels = _kernels(form)
-    if kernels is None:
-        return form
-    patches = _plan(module, report, kernels)
-    if patches is None:
-        return form
-    applied = _apply(patches)
-    _state.form, _state.patches = form, applied
-    logger.info(
-        "sglang-amd-moe: aiter form %s (%s): %s [%s]",
-        form,
-        origin,
-        aiter_forms.ACTIONS[form],
-        ", ".join(sorted({f"{p.module.__name__}.{p.attr}" for p in applied})),
-    )
-    return form
+def _params(fn: Any) -> tuple[str, ...] | None:
+    if not callable(fn):
+        return None
+    try:
+        return tuple(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
 
 
-def _already_patched(module: types.ModuleType) -> bool:
-    for name in (aiter_forms.SORT_IMPL, aiter_forms.INLINE_UNSUPPORTED):
-        if hasattr(getattr(module, name, None), MARK):
-            return True
-    return False
-
-
-def _kernels(form: str) -> Any | None:
+def _kernels_error() -> tuple[Any | None, str]:
+    """This package's kernels module, or why it cannot serve the hook."""
     try:
         from sglang_amd_moe import kernels
     except Exception as exc:
-        logger.warning(
-            "sglang-amd-moe: aiter form %s but sglang_amd_moe.kernels does not import (%s); "
-            "aiter left untouched",
-            form,
-            exc,
-        )
-        return None
-    missing = [n for n in ("adaptive_moe_sort", "mxfp4_moe_sort") if not hasattr(kernels, n)]
+        return None, f"sglang_amd_moe.kernels does not import ({type(exc).__name__}: {exc})"
+    missing = [n for n in _KERNELS_NEEDED if not callable(getattr(kernels, n, None))]
     if missing:
-        logger.warning(
-            "sglang-amd-moe: aiter form %s but sglang_amd_moe.kernels lacks %s; aiter left untouched",
-            form,
-            ", ".join(missing),
-        )
-        return None
-    import triton.language as tl
-
-    if not hasattr(tl, "gather"):  # the sort kernel needs tl.gather (Triton >= 3.3)
-        logger.warning(
-            "sglang-amd-moe: aiter form %s but this Triton (%s) lacks tl.gather, which the sort "
-            "kernel needs (Triton >= 3.3); aiter left untouched",
-            form,
-            getattr(sys.modules.get("triton"), "__version__", "?"),
-        )
-        return None
-    return kernels
+        return None, f"sglang_amd_moe.kernels lacks {', '.join(missing)}"
+    return kernels, ""
 
 
-def _plan(
-    module: types.ModuleType, report: aiter_forms.FormReport, kernels: Any
-) -> list[tuple[types.ModuleType, str, Any, Any]] | None:
-    """(module, attribute, original, replacement) for every patch, or None to do nothing."""
-    plan: list[tuple[types.ModuleType, str, Any, Any]] = []
+def _runtime(module: types.ModuleType, report: aiter_forms.FormReport) -> tuple[Runtime, Any]:
+    """What the running module offers (and this package's kernels, for fixable forms)."""
+    if report.form not in _FIXABLE:
+        return Runtime(), None
     impl = getattr(module, aiter_forms.SORT_IMPL, None)
-    if not callable(impl):
-        logger.warning("sglang-amd-moe: %s.%s is missing at run time; aiter left untouched",
-                       TARGET, aiter_forms.SORT_IMPL)  # fmt: skip
-        return None
-    needs_impl_hook = not (report.impl_passes_count and report.adaptive_passes_count) or bool(
-        report.count_dropping_callers
+    unsupported = getattr(module, aiter_forms.INLINE_UNSUPPORTED, None)
+    pkg = sys.modules.get("aiter")
+    aux = getattr(pkg, aiter_forms.AUX_KERNEL, None) if pkg is not None else None
+    kernels, error = _kernels_error()
+    rt = Runtime(
+        impl_params=_params(impl),
+        impl_marked=find_marked(impl) is not None,
+        backend_present=bool(report.backend_var) and hasattr(module, report.backend_var),
+        unsupported_params=_params(unsupported),
+        unsupported_marked=find_marked(unsupported) is not None,
+        aux_present=aux is not None,
+        aux_params=_params(aux),
+        aux_marked=find_marked(aux) is not None,
+        kernels_error=error,
     )
-    if needs_impl_hook:
-        hook = _impl_hook(module, impl, report, kernels)
-        if hook is None:
-            return None
-        plan.append((module, aiter_forms.SORT_IMPL, impl, hook))
-    if report.form == "count-rejected":
-        unsupported = getattr(module, aiter_forms.INLINE_UNSUPPORTED, None)
-        hook = _unreject_hook(unsupported) if callable(unsupported) else None
-        if hook is None:
-            logger.warning("sglang-amd-moe: %s.%s cannot be wrapped; aiter left untouched",
-                           TARGET, aiter_forms.INLINE_UNSUPPORTED)  # fmt: skip
-            return None
-        plan.append((module, aiter_forms.INLINE_UNSUPPORTED, unsupported, hook))
-        plan += _aux_kernel_plan(kernels)
-    return plan
+    return rt, kernels
+
+
+def _on_loaded(module: types.ModuleType) -> HookStatus:
+    """Classify ``module`` (``aiter.fused_moe``), decide, and patch per the plan."""
+    source, origin = _read_source(module)
+    if source is None:
+        text = f"cannot read the source of {TARGET} ({origin or 'no file'}); aiter left untouched"
+        return _record(_status("refused", "unknown", text, origin=origin))
+    report = aiter_forms.analyze_source(source)
+    _state.report = report
+    detail = {"origin": origin, "reason": report.reason, "sha256": report.source_sha256}
+    head = f"aiter {origin} form={report.form} ->"
+    rt, kernels = _runtime(module, report)
+    decision = decide(report, rt)
+    if isinstance(decision, Refusal):
+        if decision.state == "not-needed":
+            text = f"{head} {decision.reason}"
+            level = logging.DEBUG  # normal; the SGLang hook's line is the process's line
+        else:
+            text = f"{head} not hooked: {decision.reason}; aiter left untouched"
+            level = None
+        return _record(_status(decision.state, report.form, text, **detail), level=level)
+    applied = _apply(_build(module, report, decision, kernels))
+    _state.patches = applied
+    patched = sorted({f"{p.module.__name__}.{p.attr}" for p in applied})
+    text = f"{head} {aiter_forms.ACTIONS[report.form]} [{', '.join(patched)}]"
+    return _record(_status("live", report.form, text, patched=patched, **detail))
+
+
+def _build(
+    module: types.ModuleType, report: aiter_forms.FormReport, plan: Plan, kernels: Any
+) -> list[tuple[types.ModuleType, str, Any, Any]]:
+    """(module, attribute, original, replacement) for every wrapper the plan asks for."""
+    out: list[tuple[types.ModuleType, str, Any, Any]] = []
+    if plan.wrap_impl:
+        impl = getattr(module, aiter_forms.SORT_IMPL)
+        out.append((module, aiter_forms.SORT_IMPL, impl, _impl_hook(module, impl, report, kernels)))
+    if plan.unreject:
+        unsupported = getattr(module, aiter_forms.INLINE_UNSUPPORTED)
+        out.append(
+            (module, aiter_forms.INLINE_UNSUPPORTED, unsupported, _unreject_hook(unsupported))
+        )
+    if plan.accept_count:
+        pkg = sys.modules["aiter"]
+        original = getattr(pkg, aiter_forms.AUX_KERNEL)
+        out.append((pkg, aiter_forms.AUX_KERNEL, original, _count_taking_aux(original, kernels)))
+    return out
 
 
 def _apply(plan: list[tuple[types.ModuleType, str, Any, Any]]) -> list[_Patch]:
@@ -381,31 +501,12 @@ def _apply(plan: list[tuple[types.ModuleType, str, Any, Any]]) -> list[_Patch]:
     return applied
 
 
-def _mark(wrapper: Any, original: Any) -> Any:
-    setattr(wrapper, MARK, original)
-    return wrapper
-
-
 # --- the three wrappers ----------------------------------------------------------------
 
 
 def _impl_hook(module: types.ModuleType, impl: Any, report: aiter_forms.FormReport, kernels: Any):
     """AROUND hook on ``_moe_sorting_impl`` (see the module docstring)."""
-    try:
-        sig = inspect.signature(impl)
-    except (TypeError, ValueError):
-        logger.warning("sglang-amd-moe: %s.%s has no signature; aiter left untouched",
-                       TARGET, aiter_forms.SORT_IMPL)  # fmt: skip
-        return None
-    missing = [p for p in aiter_forms.IMPL_PARAMS_READ if p not in sig.parameters]
-    if missing or not report.branch_test or not report.backend_var:
-        logger.warning("sglang-amd-moe: %s.%s differs at run time (%s); aiter left untouched",
-                       TARGET, aiter_forms.SORT_IMPL, missing or "no branch")  # fmt: skip
-        return None
-    if not hasattr(module, report.backend_var):
-        logger.warning("sglang-amd-moe: %s.%s is missing; aiter left untouched",
-                       TARGET, report.backend_var)  # fmt: skip
-        return None
+    sig = inspect.signature(impl)
     test = compile(report.branch_test, "<aiter adaptive branch>", "eval")
     callers = frozenset(report.count_dropping_callers)
     origin = getattr(module, "__file__", None) or ""
@@ -471,7 +572,7 @@ def _impl_hook(module: types.ModuleType, impl: Any, report: aiter_forms.FormRepo
             out = _UPSTREAM
         return impl(*args, **kwargs) if out is _UPSTREAM else out
 
-    return _mark(_moe_sorting_impl, impl)
+    return mark(_moe_sorting_impl, impl)
 
 
 _UPSTREAM = object()  # a wrapper's "call aiter's own function" answer
@@ -481,15 +582,24 @@ _CALL_FAILURES_LOGGED: set[str] = set()
 def _log_call_failure(what: str) -> None:
     """Log (once per wrapped function) that our path failed and aiter's own one ran."""
     if what in _CALL_FAILURES_LOGGED:
-        logger.debug("sglang-amd-moe: %s hook failed again; aiter's own path ran", what, exc_info=True)
+        logger.debug(
+            "sglang-amd-moe: %s hook failed again; aiter's own path ran", what, exc_info=True
+        )
         return
     _CALL_FAILURES_LOGGED.add(what)
-    logger.exception("sglang-amd-moe: the %s hook failed; aiter's own path ran instead "
-                     "(num_local_tokens is not honored for this call)", what)  # fmt: skip
+    logger.exception(
+        "sglang-amd-moe: the %s hook failed; aiter's own path ran instead "
+        "(num_local_tokens is not honored for this call)",
+        what,
+    )
 
 
 def _count_from_caller(topk_ids: Any, callers: frozenset[str], origin: str) -> Any:
-    """The count of the nearest enclosing named aiter caller sorting this ``topk_ids``."""
+    """The count of the nearest enclosing named aiter caller sorting this ``topk_ids``.
+
+    On aiter main that caller is ``_fused_moe_impl``: ``fused_moe`` -> ``fused_moe_``
+    (torch custom op) -> ``_fused_moe_impl`` -> ``moe_sorting`` -> ``_moe_sorting_impl``.
+    """
     frame = sys._getframe(2)  # skip this function and the hook
     for _ in range(8):
         if frame is None:
@@ -506,12 +616,7 @@ def _count_from_caller(topk_ids: Any, callers: frozenset[str], origin: str) -> A
 
 def _unreject_hook(unsupported: Any):
     """Wrap ``_mxfp4_inline_sort_unsupported`` so a count alone no longer rejects a call."""
-    try:
-        sig = inspect.signature(unsupported)
-    except (TypeError, ValueError):
-        return None
-    if _COUNT not in sig.parameters:
-        return None
+    sig = inspect.signature(unsupported)
 
     @functools.wraps(unsupported)
     def _mxfp4_inline_sort_unsupported(*args: Any, **kwargs: Any) -> Any:
@@ -529,21 +634,15 @@ def _unreject_hook(unsupported: Any):
             return reason
         return without_count if not without_count else reason
 
-    return _mark(_mxfp4_inline_sort_unsupported, unsupported)
+    return mark(_mxfp4_inline_sort_unsupported, unsupported)
 
 
-def _aux_kernel_plan(kernels: Any) -> list[tuple[types.ModuleType, str, Any, Any]]:
-    """Where ``aiter.mxfp4_moe_sort`` takes no count, accept one and route it to ours."""
-    pkg = sys.modules.get("aiter")
-    original = getattr(pkg, aiter_forms.AUX_KERNEL, None) if pkg is not None else None
-    if original is None or hasattr(original, MARK):
-        return []
+def _count_taking_aux(original: Any, kernels: Any):
+    """``aiter.mxfp4_moe_sort`` that also takes ``num_local_tokens`` (routed to ours)."""
     try:
         orig_sig: inspect.Signature | None = inspect.signature(original)
     except (TypeError, ValueError):
         orig_sig = None
-    if orig_sig is not None and _COUNT in orig_sig.parameters:
-        return []
     ours = kernels.mxfp4_moe_sort
     our_sig = inspect.signature(ours)
 
@@ -571,6 +670,5 @@ def _aux_kernel_plan(kernels: Any) -> list[tuple[types.ModuleType, str, Any, Any
             inspect.Parameter(_COUNT, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)
         )
         mxfp4_moe_sort.__signature__ = orig_sig.replace(parameters=params)  # type: ignore[attr-defined]
-    _mark(mxfp4_moe_sort, original)
     # aiter.ops.moe_mxfp4_aux (where aiter defines it) is rebound with the other copies.
-    return [(pkg, aiter_forms.AUX_KERNEL, original, mxfp4_moe_sort)]
+    return mark(mxfp4_moe_sort, original)

@@ -1,15 +1,37 @@
-"""Environment switches shared by the hooks (all prefixed ``SGLANG_AMD_MOE_``).
+"""Environment switches and the one gate both hooks sit behind (all prefixed ``SGLANG_AMD_MOE_``).
 
 Read at call time, not import time, so a test or a launcher can set them after this
 package was imported.
+
+The gate (:func:`gate`) is the single place that decides whether this process may hook
+anything at all: the SGLang hook, the aiter hook and the plugin's entry points all ask
+it, so they can never disagree. It opens only when
+
+- torch is a ROCm build (``torch.version.hip``), or ``SGLANG_AMD_MOE_FORCE=1``; and
+- the installed Triton (the ``triton`` module, which ROCm torch brings as the
+  distribution ``pytorch-triton-rocm`` and CUDA torch as ``triton``) is at least
+  :data:`MIN_TRITON`: this package's sort kernel uses ``tl.gather``, new in Triton 3.3.
+
+Triton is checked without importing it (its ``__version__`` is read from the file), so a
+closed gate costs no kernel import.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
+import re
+import sys
 
 PREFIX = "SGLANG_AMD_MOE_"
 _TRUE = {"1", "true", "yes", "on"}
+
+#: The oldest Triton the kernels run on: the sort uses ``tl.gather`` (Triton 3.3).
+MIN_TRITON: tuple[int, int] = (3, 3)
+# Distributions that install the module `triton` (read when its file names no version).
+_TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-rocm")
+_VERSION_ASSIGNMENT = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
 
 
 def flag(name: str) -> bool:
@@ -41,10 +63,91 @@ def on_rocm() -> bool:
     return bool(getattr(torch.version, "hip", None))
 
 
-def platform_reason() -> tuple[bool, str]:
-    """Whether hooks may be registered on this platform, and why (for the INFO line)."""
+def triton_version() -> str | None:
+    """The version of the importable ``triton`` module, without importing it.
+
+    None: no ``triton`` module (or one blocked with ``sys.modules["triton"] = None``).
+    "": a ``triton`` module whose version cannot be read.
+    """
+    if "triton" in sys.modules:
+        mod = sys.modules["triton"]
+        if mod is None:
+            return None
+        version = getattr(mod, "__version__", None)
+        return version if isinstance(version, str) else ""
+    try:
+        spec = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        return None
+    # A bare directory named triton on sys.path is a namespace package, not Triton.
+    if spec is None or spec.origin in (None, "namespace"):
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as fh:
+            match = _VERSION_ASSIGNMENT.search(fh.read())
+    except (OSError, UnicodeDecodeError):
+        match = None
+    if match:
+        return match.group(1)
+    for dist in _TRITON_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+def parse_version(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a version such as ``3.3.1+rocm6.4.1.git…``; None if unreadable."""
+    match = re.match(r"\s*(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def triton_problem(version: str | None = None) -> str:
+    """Why the installed Triton cannot run this package's kernels ("" when it can).
+
+    ``version``: the version to judge (default: :func:`triton_version`'s answer).
+    """
+    if version is None:
+        version = triton_version()
+    need = ".".join(map(str, MIN_TRITON))
+    if version is None:
+        return (
+            f"Triton is not installed (the kernels need Triton >= {need}; torch brings it: "
+            "`triton` with CUDA torch, `pytorch-triton-rocm` with ROCm torch)"
+        )
+    parsed = parse_version(version)
+    if parsed is None:
+        return (
+            f"the installed Triton's version ({version or 'none given'}) cannot be read "
+            f"(the kernels need Triton >= {need})"
+        )
+    if parsed < MIN_TRITON:
+        return (
+            f"Triton {version} is older than {need}, which the kernels need (the sort uses "
+            "tl.gather); install the torch build that brings a newer Triton"
+        )
+    return ""
+
+
+def gate() -> tuple[bool, str]:
+    """Whether hooks may be registered in this process, and why (the text the log line uses).
+
+    Both hooks and the plugin's entry points ask this one function; see the module
+    docstring for the rule. ``SGLANG_AMD_MOE_DISABLE`` is checked by the callers first.
+    """
     if on_rocm():
-        return True, "ROCm torch"
-    if forced():
-        return True, "SGLANG_AMD_MOE_FORCE=1"
-    return False, "not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it)"
+        platform = "ROCm torch"
+    elif forced():
+        platform = "SGLANG_AMD_MOE_FORCE=1"
+    else:
+        return False, "not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it)"
+    problem = triton_problem()
+    if problem:
+        return False, problem
+    return True, platform
+
+
+def platform_reason() -> tuple[bool, str]:
+    """The same answer as :func:`gate` (the name the SGLang hook has always called)."""
+    return gate()

@@ -12,11 +12,16 @@ the audit use nothing else:
 - ``is_live() -> bool``: the wrapper is in place now.
 
 Every wrapper a hook installs carries :data:`MARK`, set to the callable it wraps, so a
-hook can tell its own wrapper from anyone else's.
+hook can tell its own wrapper from anyone else's (:func:`mark`, :func:`find_marked`).
+
+Each process logs one line per hook and state: :func:`announce` writes a status's
+message when it differs from the previous one the hook announced, at the level its
+state calls for, so neither hook repeats itself nor formats its own line differently.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,3 +62,72 @@ class HookStatus:
     def hooked(self) -> bool:
         """The wrapper is in place or about to be (``live`` or ``pending``)."""
         return self.state in ("live", "pending")
+
+
+#: The level each state's line is logged at. A hook may ask for another one: the aiter
+#: hook logs "aiter is not installed" and its ``pending`` state at DEBUG (normal, and its
+#: ``live`` line follows when aiter is imported), while the SGLang hook's ``pending``
+#: (inside ``load_plugins()``, applied right after) is its process's line.
+LEVELS: dict[str, int] = {
+    "live": logging.INFO,
+    "pending": logging.INFO,
+    "not-needed": logging.INFO,
+    "off": logging.INFO,
+    "refused": logging.WARNING,
+    "error": logging.WARNING,
+}
+
+
+def same(a: HookStatus | None, b: HookStatus | None) -> bool:
+    """Whether two statuses say the same thing (target, state, form and message)."""
+    if a is None or b is None:
+        return a is b
+    return (a.target, a.state, a.form, a.message) == (b.target, b.state, b.form, b.message)
+
+
+def announce(
+    logger: logging.Logger,
+    status: HookStatus,
+    previous: HookStatus | None,
+    *,
+    level: int | None = None,
+    exc_info: bool = False,
+) -> bool:
+    """Log ``status.message`` unless ``previous`` said the same; return whether it logged.
+
+    ``level``: overrides :data:`LEVELS` for this line. ``exc_info``: append the current
+    exception's traceback (for ``error`` statuses raised by an exception).
+    """
+    if same(status, previous):
+        return False
+    chosen = LEVELS[status.state] if level is None else level
+    logger.log(chosen, "%s", status.message, exc_info=exc_info)
+    return True
+
+
+def mark(wrapper: Any, original: Any) -> Any:
+    """Set :data:`MARK` on ``wrapper`` (to ``original``) and return ``wrapper``.
+
+    A wrapper that also sets ``__wrapped__`` (``functools.wraps``) must set it to the
+    same ``original``: :func:`find_marked` relies on it.
+    """
+    setattr(wrapper, MARK, original)
+    return wrapper
+
+
+def find_marked(fn: Any, depth: int = 32) -> Any | None:
+    """The first wrapper of this package in ``fn``'s ``__wrapped__`` chain, or None.
+
+    Other plugins may wrap on top of ours; their wrappers are followed through
+    ``__wrapped__`` (what ``functools.wraps`` and SGLang's HookRegistry set).
+    """
+    for _ in range(depth):
+        if fn is None:
+            return None
+        original = getattr(fn, MARK, None)
+        # functools.wraps copies __dict__, so a wrapper put on top of ours carries our
+        # mark too; only ours wraps exactly what the mark names.
+        if original is not None and getattr(fn, "__wrapped__", original) is original:
+            return fn
+        fn = getattr(fn, "__wrapped__", None)
+    return None

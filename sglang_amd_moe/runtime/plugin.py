@@ -1,85 +1,154 @@
 """Plugin entry points: SGLang's ``sglang.srt.plugins`` and vLLM's ``vllm.general_plugins``.
 
-``register()`` runs once in every SGLang process (engine, scheduler, DP controller,
+``register()`` runs once in every SGLang process (launcher, scheduler, DP controller,
 detokenizer), called by ``sglang.srt.plugins.load_plugins()``. It must never take a
-server down: every failure while detecting or hooking is logged and leaves upstream
-untouched. SGLang's own ``SGLANG_PLUGINS`` whitelist decides whether it runs at all;
-``SGLANG_AMD_MOE_DISABLE=1`` turns it off; hooks are registered only on ROCm unless
-``SGLANG_AMD_MOE_FORCE=1``.
+server down: every failure while detecting or hooking, whatever upstream raises
+(``SystemExit`` from an import included; only ``KeyboardInterrupt`` passes through), is
+logged and leaves upstream untouched, so the plugins after this one still load.
+
+What it does, in order:
+
+1. makes the package's log line visible (see :func:`_make_log_visible`);
+2. installs the SGLang hook (``register`` only), then the aiter hook. Each applies
+   ``SGLANG_AMD_MOE_DISABLE=1`` and the gate (:func:`sglang_amd_moe.runtime.env.gate`:
+   ROCm torch or ``SGLANG_AMD_MOE_FORCE=1``, and a Triton the kernels run on) before it
+   imports anything: closed, it reports ``off`` with the reason and hooks nothing, and
+   the two hooks' identical lines make one. Otherwise each logs its own line.
+
+SGLang's own ``SGLANG_PLUGINS`` whitelist decides whether it runs at all. Calls are
+serialised by a lock, so threads calling it at once hook once.
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
-
-from sglang_amd_moe.runtime import env as _env
+import threading
 
 logger = logging.getLogger("sglang_amd_moe")
-_AITER_MISSING_LOGGED = False
+
+_LOCK = threading.RLock()
+_FORMAT = "[%(asctime)s %(process)d] %(name)s %(levelname)s: %(message)s"
 
 
-class _UntilRootConfigured(logging.Filter):
-    """Passes records only while the root logger has no handler of its own."""
+class _WhenNobodyElsePrints(logging.Filter):
+    """Passes a record only if no other handler on its way to the root would emit it."""
+
+    def __init__(self, handler: logging.Handler) -> None:
+        super().__init__()
+        self._handler = handler
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not logging.getLogger().handlers
+        lg: logging.Logger | None = logging.getLogger(record.name)
+        while lg is not None:
+            for h in lg.handlers:
+                if h is not self._handler and record.levelno >= h.level:
+                    return False
+            if not lg.propagate:
+                break
+            lg = lg.parent  # type: ignore[assignment]
+        return True
 
 
 def _make_log_visible() -> None:
-    """Give this package's log lines a stderr handler until the process configures logging.
+    """Make this package's INFO line reach the process's log exactly once.
 
-    SGLang runs ``load_plugins()`` in each process before it configures logging, so the
-    one INFO line saying what was found and done would otherwise be dropped (Python's
-    last-resort handler prints WARNING and above only). Our handler prints only while the
-    root logger has no handler; once SGLang (or anyone) configures logging, records
-    propagate to its handlers as usual and ours stays silent, so nothing prints twice.
+    SGLang calls ``load_plugins()`` in each process before it configures logging. Two
+    situations follow, depending on the release and the process: the root logger has no
+    handler yet (Python's last-resort handler prints WARNING and above only), or a module
+    import already called ``logging.basicConfig()`` (SGLang 0.5.23's scheduler does, via
+    ``configure_hf_hub_logger``), which leaves the root at WARNING, so an INFO record of a
+    logger without a level of its own is dropped before any handler sees it.
+
+    So: this package's logger gets level INFO unless someone set its level already (or
+    the process lets INFO through anyway), and
+    it gets one stderr handler that prints a record only when no other handler on the
+    record's way to the root would (no root handler yet, or only handlers above the
+    record's level). Once SGLang (or anyone) configures a handler, records reach it and
+    ours stays silent: nothing prints twice.
     """
-    if any(isinstance(f, _UntilRootConfigured) for h in logger.handlers for f in h.filters):
-        return
-    if logging.getLogger().handlers:
+    if logger.level == logging.NOTSET and logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if any(getattr(h, "_sglang_amd_moe_handler", False) for h in logger.handlers):
         return
     handler = logging.StreamHandler()
-    handler.addFilter(_UntilRootConfigured())
-    handler.setFormatter(logging.Formatter("[%(asctime)s %(process)d] %(name)s %(levelname)s: %(message)s"))
+    handler._sglang_amd_moe_handler = True  # type: ignore[attr-defined]
+    handler.addFilter(_WhenNobodyElsePrints(handler))
+    handler.setFormatter(logging.Formatter(_FORMAT))
     logger.addHandler(handler)
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)
 
 
 def register() -> None:
     """SGLang entry point (``sglang.srt.plugins``): the SGLang hook, then the aiter one."""
-    _make_log_visible()
-    if _env.disabled():
-        logger.info("sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked")
-        return
-    try:
-        from sglang_amd_moe.runtime import sglang_hook
-
-        sglang_hook.install()
-    except Exception:  # install() itself never raises; this guards its import
-        logger.exception("sglang-amd-moe: the SGLang hook could not be installed; SGLang left untouched")
-    _install_aiter()
+    _run(sglang=True)
 
 
 def register_vllm() -> None:
     """vLLM entry point (``vllm.general_plugins``): the aiter part only (ATOM under vLLM)."""
-    _make_log_visible()
-    if _env.disabled():
-        logger.info("sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked")
-        return
-    _install_aiter()
+    _run(sglang=False)
+
+
+def _run(*, sglang: bool) -> None:
+    try:
+        with _LOCK:
+            _make_log_visible()
+            # Each hook applies the disable switch and the gate itself (and reports "off"
+            # with the reason, which the audit reads); when both say the same, one line.
+            collapse = _CollapseRepeats()
+            logger.addFilter(collapse)
+            try:
+                if sglang:
+                    _guarded("the SGLang hook", "SGLang", _install_sglang)
+                _guarded("the aiter hook", "aiter", _install_aiter)
+            finally:
+                logger.removeFilter(collapse)
+    except BaseException as exc:  # the lock, logging itself: still never raise
+        _swallow(exc, "sglang-amd-moe: the plugin failed; nothing hooked")
+
+
+class _CollapseRepeats(logging.Filter):
+    """Within one registration, drops a line identical to one already logged (both hooks
+    report a closed gate or ``SGLANG_AMD_MOE_DISABLE`` in the same words)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text in self._seen:
+            return False
+        self._seen.add(text)
+        return True
+
+
+def _install_sglang() -> None:
+    from sglang_amd_moe.runtime import sglang_hook
+
+    sglang_hook.install()
 
 
 def _install_aiter() -> None:
-    global _AITER_MISSING_LOGGED
+    from sglang_amd_moe.runtime import aiter_hook
+
+    aiter_hook.install()
+
+
+def _guarded(what: str, upstream: str, install) -> None:
     try:
-        from sglang_amd_moe.runtime import aiter_hook
-    except ImportError as exc:
-        if not _AITER_MISSING_LOGGED:
-            logger.warning("sglang-amd-moe: aiter hook unavailable (%s); aiter left untouched", exc)
-            _AITER_MISSING_LOGGED = True
-        return
+        install()
+    except BaseException as exc:
+        _swallow(exc, f"sglang-amd-moe: {what} could not be installed; {upstream} left untouched")
+
+
+def _swallow(exc: BaseException, text: str) -> None:
+    """Log ``exc`` (with its traceback) and return; re-raise only a KeyboardInterrupt."""
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    group = getattr(builtins, "BaseExceptionGroup", None)  # Python 3.11+
+    if group is not None and isinstance(exc, group) and exc.subgroup(KeyboardInterrupt):
+        raise exc
     try:
-        aiter_hook.install()
-    except Exception:
-        logger.exception("sglang-amd-moe: the aiter hook could not be installed; aiter left untouched")
+        logger.error("%s (%s: %s)", text, type(exc).__name__, exc, exc_info=exc)
+    except Exception:  # a broken logging setup must not take the server down either
+        pass

@@ -30,7 +30,11 @@ def rebind_copies(
         if not isinstance(namespace, dict):
             continue
         try:
-            names = [name] if name is not None else [k for k, v in list(namespace.items()) if v is original]
+            names = (
+                [name]
+                if name is not None
+                else [k for k, v in list(namespace.items()) if v is original]
+            )
             for attr in names:
                 if (id(mod), attr) not in skip and namespace.get(attr) is original:
                     setattr(mod, attr, replacement)

@@ -2,8 +2,9 @@
 
 The stand-in (``tests/aiter_standin``) is put on ``sys.path`` only here and in the
 subprocesses these tests start; it is never installed. Switching shapes in one process
-means forgetting every ``aiter`` module (the stand-in reads ``SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE`` at
-import) and undoing the hook (:func:`sglang_amd_moe.runtime.aiter_hook.uninstall`).
+means forgetting every ``aiter`` module (the stand-in reads
+``SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE`` at import) and undoing the hook
+(:func:`sglang_amd_moe.runtime.aiter_hook.uninstall`).
 """
 
 from __future__ import annotations
@@ -21,26 +22,29 @@ def load_aiter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Module
     """``load_aiter(shape, hook_first=True)`` -> the stand-in's ``aiter.fused_moe``.
 
     ``hook_first``: ``aiter_hook.install()`` runs before the import (the finder patches
-    the module as it loads), else after it (patched in place); ``None``: no hook.
+    the module as it loads), else after it (patched in place); ``None``: no hook. This
+    machine is not ROCm, so ``SGLANG_AMD_MOE_FORCE=1`` opens the hooks' gate.
     """
     from sglang_amd_moe.runtime import aiter_hook
 
     aiter_hook.uninstall()
     forget_aiter()
     monkeypatch.syspath_prepend(str(STANDIN))
+    monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")
+    monkeypatch.delenv("SGLANG_AMD_MOE_DISABLE", raising=False)
 
     def load(shape: str, hook_first: bool | None = True) -> ModuleType:
         monkeypatch.setenv("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", shape)
         if hook_first:
-            assert aiter_hook.install() == "pending"
+            assert aiter_hook.install().state == "pending"
         import aiter.fused_moe as fm
 
         if hook_first is False:
-            assert aiter_hook.install() == shape
+            assert aiter_hook.install().form == shape
         assert getattr(sys.modules["aiter"], "IS_STANDIN", False)
         assert sys.modules["aiter"].STANDIN_SHAPE == shape
         if hook_first is not None:
-            assert aiter_hook.found_form() == shape
+            assert aiter_hook.status().form == shape
         fm.standin_sorts.clear()
         sys.modules["aiter.ops.moe_mxfp4_aux"].standin_calls.clear()
         sys.modules["aiter.ops.moe_sorting"].standin_calls.clear()

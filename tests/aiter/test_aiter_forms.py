@@ -74,8 +74,9 @@ def test_standin_count_dropped_tree() -> None:
     assert r.excluded_backends == ("opus", "ck")
     assert r.branch_test == "output_aux and _MOE_SORT_BACKEND not in ('opus', 'ck')"
     assert not r.impl_passes_count and not r.adaptive_passes_count
-    # aiter main's fused_moe_ drops the count before the sort is even reached.
-    assert r.count_dropping_callers == ("fused_moe_",)
+    # aiter main's _fused_moe_impl (the body of the custom op fused_moe_) drops the
+    # count before the sort is even reached.
+    assert r.count_dropping_callers == ("_fused_moe_impl",)
     assert set(aiter_forms.IMPL_PARAMS_READ) <= set(r.impl_params)
     assert len(r.source_sha256) == 64
 
@@ -84,27 +85,35 @@ def test_standin_count_rejected_tree() -> None:
     r = analyze_source(REJECTED)
     assert r.form == "count-rejected"
     assert r.rejects_count and "num_local_tokens" in r.unsupported_params
-    assert "3 * M * topk < 4 * num_experts" in r.branch_test  # seed 003's crossover
+    assert (
+        "3 * M * topk < 4 * num_experts" in r.branch_test
+    )  # aiter PR 7083's base: the Opus crossover
     assert r.count_dropping_callers == ()  # this tree's inline-sort path passes the count
 
 
 def test_count_honored_when_the_count_is_threaded_all_the_way() -> None:
-    both = edit(honored(DROPPED), FUSED_AUX_CALL, FUSED_AUX_CALL.replace(
-        "block_size_M,\n", "block_size_M,\n            num_local_tokens=num_local_tokens,\n"))  # fmt: skip
+    threaded = "block_size_M,\n            num_local_tokens=num_local_tokens,\n"
+    both = edit(
+        honored(DROPPED), FUSED_AUX_CALL, FUSED_AUX_CALL.replace("block_size_M,\n", threaded)
+    )
     assert classify_source(both) == "count-honored"
-    # The sort honours it but fused_moe_ still drops it: still count-dropped.
+    # The sort honours it but _fused_moe_impl still drops it: still count-dropped.
     r = analyze_source(honored(DROPPED))
-    assert (r.form, r.count_dropping_callers) == ("count-dropped", ("fused_moe_",))
-    assert "fused_moe_" in r.reason
+    assert (r.form, r.count_dropping_callers) == ("count-dropped", ("_fused_moe_impl",))
+    assert "_fused_moe_impl" in r.reason
 
 
 def test_patched_route_through_our_adaptive_sort_counts_as_honoring() -> None:
     # patches/aiter-count-dropped.diff sends counted calls to our adaptive_moe_sort.
-    s = edit(DROPPED, "    moebuf_dtype=dtypes.bf16,\n):", "    moebuf_dtype=dtypes.bf16,\n    num_local_tokens=None,\n):\n"
-             "    if num_local_tokens is not None:\n"
-             "        from sglang_amd_moe.kernels import adaptive_moe_sort\n\n"
-             "        return adaptive_moe_sort(topk_ids, topk_weights, num_experts, topk, block_size,\n"
-             "                                 model_dim, num_local_tokens=num_local_tokens)")  # fmt: skip
+    routed = (
+        "    moebuf_dtype=dtypes.bf16,\n    num_local_tokens=None,\n):\n"
+        "    if num_local_tokens is not None:\n"
+        "        from sglang_amd_moe.kernels import adaptive_moe_sort\n\n"
+        "        return adaptive_moe_sort(topk_ids, topk_weights, num_experts, topk,\n"
+        "                                 block_size, model_dim,\n"
+        "                                 num_local_tokens=num_local_tokens)"
+    )
+    s = edit(DROPPED, "    moebuf_dtype=dtypes.bf16,\n):", routed)
     s = edit(
         s,
         IMPL_CALL_END,
@@ -150,7 +159,8 @@ def test_absent_without_an_aux_sort() -> None:
             "branch",
         ),
         (
-            "        # Upstream: the adaptive (fused) aux sort; num_local_tokens is not passed on.\n",
+            "        # Upstream: the adaptive (fused) aux sort; "
+            "num_local_tokens is not passed on.\n",
             "        topk_ids = topk_ids.contiguous()\n",
             "branch",
         ),

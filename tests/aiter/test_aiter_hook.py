@@ -1,7 +1,7 @@
 """The aiter hook against the stand-in, in this process (CPU; Triton via the interpreter).
 
 Shapes: ``count-dropped`` with E=33 experts, topk 5 (BM16 and BM32); ``count-rejected``
-with seed 003's Qwen3.8-Flash-Next shape E=513, topk 11, 2560/640, which its stand-in
+with aiter PR 7083's Qwen3.8-Flash-Next shape E=513, topk 11, 2560/640, which its stand-in
 lists as supported and whose adaptive branch (``3 * M * topk < 4 * E``) holds up to
 M=62.
 """
@@ -24,7 +24,7 @@ from aiter_testlib import (
 from sglang_amd_moe.runtime import aiter_hook
 
 M, K, E, DIM = 48, 5, 33, 256
-# seed 003's shape for the count-rejected tree
+# aiter PR 7083's shape for the count-rejected tree
 RM, RK, RE, RDIM, RINTER = 48, 11, 513, 2560, 640
 
 
@@ -74,7 +74,8 @@ def test_without_the_plugin_a_counted_call_sorts_the_padded_rows(load_aiter) -> 
 @pytest.mark.parametrize("hook_first", [True, False])
 def test_with_the_plugin_the_sort_covers_only_the_leading_rows(load_aiter, BM, hook_first) -> None:
     fm = load_aiter("count-dropped", hook_first=hook_first)
-    assert aiter_hook.installed_form() == "count-dropped" and aiter_hook.is_live()
+    st = aiter_hook.status()
+    assert (st.state, st.form) == ("live", "count-dropped") and aiter_hook.is_live()
     ids, w = padded_routing(M, K, E, seed=BM)
     got = as_dict(sort_impl(fm, ids, w, n=30, BM=BM))
     assert_sort_of_leading_rows(got, ids, w, 30, E, BM, DIM)
@@ -130,8 +131,8 @@ def test_fused_moe_drops_the_count_and_the_hook_recovers_it(load_aiter) -> None:
     w1 = torch.empty(1, 1, 1).expand(E, 2 * 128, DIM)
     w2 = torch.empty(1, 1, 1).expand(E, DIM, 128)
     fm.fused_moe(hidden, w1, w2, w, ids, num_local_tokens=count(20))
-    assert int(fm.standin_sorts[-1][3][1]) == M  # upstream: count dropped in fused_moe_
-    assert aiter_hook.install() == "count-dropped"
+    assert int(fm.standin_sorts[-1][3][1]) == M  # upstream: count dropped in _fused_moe_impl
+    assert aiter_hook.install().state == "live"
     fm.fused_moe(hidden, w1, w2, w, ids, num_local_tokens=count(20))
     assert_sort_of_leading_rows(as_dict(fm.standin_sorts[-1]), ids, w, 20, E, 16, DIM)
     fm.fused_moe(hidden, w1, w2, w, ids)  # no count: aiter's sort of all rows
@@ -142,17 +143,20 @@ def test_the_count_is_read_only_from_aiter_callers_of_the_same_tensor(load_aiter
     fm = load_aiter("count-dropped")
     ids, w = padded_routing(M, K, E, seed=9)
 
-    def fused_moe_(topk_ids, num_local_tokens):  # same name as aiter's, other file
+    def _fused_moe_impl(topk_ids, num_local_tokens):  # same name as aiter's, other file
         return fm.moe_sorting(topk_ids, w, E, DIM, torch.bfloat16, 16, output_aux=True)
 
-    assert int(fused_moe_(ids, count(3))[3][1]) == M
-    # aiter's fused_moe_ sorting a different tensor than its own topk_ids: not used.
-    frame_code = compile("def fused_moe_(topk_ids, num_local_tokens):\n    return sort(other)\n",
-                         fm.__file__, "exec")  # fmt: skip
+    assert int(_fused_moe_impl(ids, count(3))[3][1]) == M
+    # aiter's _fused_moe_impl sorting a different tensor than its own topk_ids: not used.
+    frame_code = compile(
+        "def _fused_moe_impl(topk_ids, num_local_tokens):\n    return sort(other)\n",
+        fm.__file__,
+        "exec",
+    )
     scope = {"sort": lambda t: fm.moe_sorting(t, w, E, DIM, torch.bfloat16, 16, output_aux=True),
              "other": ids.clone()}  # fmt: skip
     exec(frame_code, scope)
-    assert int(scope["fused_moe_"](ids, count(3))[3][1]) == M
+    assert int(scope["_fused_moe_impl"](ids, count(3))[3][1]) == M
 
 
 def test_install_is_idempotent_and_rebinds_copies(load_aiter) -> None:
@@ -162,19 +166,21 @@ def test_install_is_idempotent_and_rebinds_copies(load_aiter) -> None:
     copy_holder._moe_sorting_impl = original  # as `from aiter.fused_moe import _moe_sorting_impl`
     sys.modules[copy_holder.__name__] = copy_holder
     try:
-        for _ in range(3):
-            assert aiter_hook.install() == "count-dropped"
+        first = aiter_hook.install()
+        for _ in range(2):
+            assert aiter_hook.install() is first  # no new decision, no new line
+        assert (first.state, first.form) == ("live", "count-dropped")
         wrapped = fm._moe_sorting_impl
         assert getattr(wrapped, aiter_hook.MARK) is original
         assert copy_holder._moe_sorting_impl is wrapped
         assert sum(getattr(f, "_sglang_amd_moe_finder", False) for f in sys.meta_path) == 1
-        assert aiter_hook.status()["patched"] == [
+        assert first.detail["patched"] == [
             "aiter.fused_moe._moe_sorting_impl",
             "copy_holder_for_test._moe_sorting_impl",
         ]
         aiter_hook.uninstall()
         assert fm._moe_sorting_impl is original and copy_holder._moe_sorting_impl is original
-        assert not aiter_hook.is_live() and aiter_hook.installed_form() is None
+        assert not aiter_hook.is_live() and aiter_hook.status() is None
     finally:
         del sys.modules[copy_holder.__name__]
 
@@ -183,8 +189,11 @@ def test_one_info_line_when_patched(load_aiter, caplog) -> None:
     caplog.set_level(logging.DEBUG, logger="sglang_amd_moe")
     load_aiter("count-dropped")
     lines = [r for r in caplog.records if r.name == "sglang_amd_moe"]
-    assert [r.levelname for r in lines] == ["INFO"]
-    assert "count-dropped" in lines[0].getMessage()
+    # One line per state: pending (DEBUG: normal until aiter is imported), then live.
+    assert [r.levelname for r in lines] == ["DEBUG", "INFO"]
+    assert "pending" in lines[0].getMessage()
+    assert "form=count-dropped" in lines[1].getMessage()
+    assert lines[1].getMessage() == aiter_hook.status().message
 
 
 # --- count-rejected --------------------------------------------------------------------
@@ -214,12 +223,12 @@ def test_count_rejected_without_the_plugin(load_aiter, caplog) -> None:
 
 def test_count_rejected_with_the_plugin(load_aiter, caplog) -> None:
     fm = load_aiter("count-rejected")
-    assert aiter_hook.installed_form() == "count-rejected"
+    assert aiter_hook.status().state == "live" and aiter_hook.status().form == "count-rejected"
     fm.standin_metadata = fm.standin_inline_sort_metadata(block_m=16, atomic=True)
     ids, w = padded_routing(RM, RK, RE, seed=13)
     with caplog.at_level(logging.WARNING, logger="aiter"):
         sort = rejected_call(fm, ids, w, n=20)
-    assert "unsupported" not in caplog.text
+    assert not [r for r in caplog.records if r.name == "aiter"]  # aiter's warning is gone
     assert len(sort) == 7  # the tuned inline-sort path
     assert_sort_of_leading_rows(as_dict(sort), ids, w, 20, RE, 16, RDIM)
     assert aux_calls() == [] and ck_opus_calls() == []
@@ -313,14 +322,16 @@ def test_unknown_trees_are_left_alone_with_one_warning(
     monkeypatch.syspath_prepend(str(_edited_standin(tmp_path, old, new)))
     monkeypatch.setenv("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", "count-dropped")
     caplog.set_level(logging.DEBUG, logger="sglang_amd_moe")
-    assert aiter_hook.install() == "pending"
+    assert aiter_hook.install().state == "pending"
     import aiter.fused_moe as fm
 
     assert str(tmp_path) in fm.__file__
-    assert aiter_hook.found_form() == form and not aiter_hook.is_live()
+    st = aiter_hook.status()
+    assert (st.state, st.form) == ("refused", form) and not aiter_hook.is_live()
     assert not hasattr(fm._moe_sorting_impl, aiter_hook.MARK)
     mine = [r for r in caplog.records if r.name == "sglang_amd_moe"]
-    assert [r.levelname for r in mine] == ["WARNING"] and "unknown" in mine[0].getMessage()
+    assert [r.levelname for r in mine] == ["DEBUG", "WARNING"]
+    assert "unknown" in mine[1].getMessage() and mine[1].getMessage() == st.message
 
 
 def test_without_our_kernels_aiter_is_left_alone(load_aiter, monkeypatch, caplog) -> None:
@@ -329,9 +340,10 @@ def test_without_our_kernels_aiter_is_left_alone(load_aiter, monkeypatch, caplog
     monkeypatch.delattr(kernels, "adaptive_moe_sort")
     caplog.set_level(logging.DEBUG, logger="sglang_amd_moe")
     fm = load_aiter("count-dropped")
-    assert aiter_hook.found_form() == "count-dropped" and not aiter_hook.is_live()
+    st = aiter_hook.status()
+    assert (st.state, st.form) == ("error", "count-dropped") and not aiter_hook.is_live()
     assert not hasattr(fm._moe_sorting_impl, aiter_hook.MARK)
-    assert "lacks adaptive_moe_sort" in caplog.text
+    assert "lacks adaptive_moe_sort" in caplog.text and "lacks adaptive_moe_sort" in st.message
 
 
 def test_a_bare_directory_named_aiter_is_not_aiter(tmp_path, monkeypatch) -> None:
@@ -341,6 +353,8 @@ def test_a_bare_directory_named_aiter_is_not_aiter(tmp_path, monkeypatch) -> Non
     forget_aiter()
     (tmp_path / "aiter").mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert aiter_hook.install() == "no-aiter"
+    monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")
+    st = aiter_hook.install()
+    assert (st.state, st.form) == ("not-needed", None) and "not installed" in st.message
     assert not any(getattr(f, "_sglang_amd_moe_finder", False) for f in sys.meta_path)
     assert "aiter" not in sys.modules

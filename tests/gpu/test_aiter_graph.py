@@ -5,7 +5,7 @@ device tensor, then replay it with the real row count written into that tensor. 
 patched sort (this package's Triton kernel behind aiter's stand-in) must be capturable
 and honour each new count on replay. Both stand-in trees are driven through the public
 ``fused_moe`` (so ``count-dropped`` also exercises the count recovered from
-``fused_moe_``), and ``count-dropped`` also through ``_moe_sorting_impl`` at block 32.
+``_fused_moe_impl``), and ``count-dropped`` also through ``_moe_sorting_impl`` at block 32.
 
 Skipped without a CUDA/HIP device (``make test-gpu`` runs this folder on one).
 """
@@ -49,13 +49,14 @@ def standin(monkeypatch):
     aiter_hook.uninstall()
     forget_aiter()
     monkeypatch.syspath_prepend(str(STANDIN))
+    monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")  # the hooks' gate: ROCm, or forced
 
     def load(shape: str):
         monkeypatch.setenv("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", shape)
-        assert aiter_hook.install() == "pending"
+        assert aiter_hook.install().state == "pending"
         import aiter.fused_moe as fm
 
-        assert aiter_hook.installed_form() == shape
+        assert (aiter_hook.status().state, aiter_hook.status().form) == ("live", shape)
         return fm
 
     yield load

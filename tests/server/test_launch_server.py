@@ -61,7 +61,8 @@ EXTRA_MODULES = (
 DEADLINE_S = 300
 
 # Load-time log lines: load_plugins() runs before SGLang configures logging in each
-# process, so its INFO lines (and ours) would be dropped. This sitecustomize, put on the
+# process, so SGLang's INFO lines would be dropped (this package makes its own line
+# visible: test_plain_server_log_shows_the_plugin_line). This sitecustomize, put on the
 # server's PYTHONPATH by the test only, prints them with the process's target function.
 PROBE = """
 import logging, multiprocessing, os
@@ -213,3 +214,44 @@ def test_launch_server_on_cpu(tmp_path: Path) -> None:
         )
         where = "where the README says (no vllm._custom_ops.rotary_embedding)"
         print(f"stopped {where} after {elapsed:.0f} s")
+
+
+# The plugin's line as the plain server log shows it (SGLang's own log format, no probe).
+PLAIN_LINE = re.compile(r"^\[[^\]]+\] (sglang-amd-moe: .*)$", re.M)
+
+
+@pytest.mark.sglang
+def test_plain_server_log_shows_the_plugin_line(tmp_path: Path) -> None:
+    """The README's command as a user runs it: no probe, no SGLANG_AMD_MOE_* variable.
+    Each process that loads plugins (launcher, scheduler, detokenizer) logs the line once."""
+    missing = _have_extras()
+    if missing:
+        msg = f"{SERVER_PY} lacks the server's extra packages ({missing}); see README 'Running it'"
+        if "SGLANG_AMD_MOE_TEST_SERVER_PYTHON" in os.environ:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    ckpt = tmp_path / "tiny-moe"
+    write_checkpoint(TinyMoE(TinyMoEConfig()), ckpt)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_")}
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    log_path = tmp_path / "plain.log"
+    cmd = [
+        SERVER_PY, "-m", "sglang.launch_server", "--model-path", str(ckpt), "--device", "cpu",
+        "--host", "127.0.0.1", "--port", str(_free_port()),
+    ]  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    t0 = time.monotonic()
+    try:  # until it stops where the test above says, or serves
+        while proc.poll() is None and time.monotonic() - t0 < DEADLINE_S:
+            if "Uvicorn running on" in log_path.read_text(errors="replace"):
+                break
+            time.sleep(1)
+    finally:
+        _stop(proc)
+    text = log_path.read_text(errors="replace")
+    lines = PLAIN_LINE.findall(text)
+    assert 2 <= len(lines) <= 3, f"{lines}\n" + "\n".join(text.splitlines()[-40:])
+    assert len(set(lines)) == 1, lines  # every process decided the same

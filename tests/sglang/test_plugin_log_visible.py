@@ -1,28 +1,172 @@
-"""The plugin's one INFO line reaches stderr in a process whose logging is not configured
-yet (as in every SGLang server process when ``load_plugins()`` runs), and each line once
-only: not again through the root logger once SGLang configures logging."""
+"""The plugin's one log line reaches the log of every SGLang process, exactly once.
+
+SGLang calls ``load_plugins()`` in each process before it configures logging, and what
+logging looks like at that moment depends on the release and the process: in 0.5.12 to
+0.5.14 the root logger has no handler yet; in 0.5.23 importing the scheduler (or the
+launcher) has already run ``logging.basicConfig()`` (``configure_hf_hub_logger``), which
+leaves the root at WARNING and drops an INFO record of a logger without its own level.
+
+The first tests build those situations in a bare interpreter; the last one runs, for
+every tested release and every process SGLang starts that calls ``load_plugins()``
+(launcher, scheduler, detokenizer, DP controller), the release's real module import and
+its real ``load_plugins()`` in a fresh interpreter, then configures logging the way
+SGLang does afterwards, and counts the lines on stderr. Users' path: no
+``SGLANG_AMD_MOE_*`` variable, so on this machine (not ROCm) the line says why nothing
+is hooked.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
-CODE = """
-import logging
-from sglang_amd_moe.runtime import plugin
-plugin.register()
-plugin.register()  # idempotent: no second line
-logging.basicConfig(level=logging.INFO)  # SGLang configuring logging afterwards
-logging.getLogger("sglang_amd_moe").info("after basicConfig")
-"""
+import pytest
+from sglang_release_support import REPO, require_built
+
+LINE = (
+    "sglang-amd-moe: not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it); "
+    "nothing hooked"
+)
+AFTER = "after SGLang configured logging"
+# The server's extra packages (setproctitle, uvicorn, ...) that the process modules
+# import; added with PYTHONPATH, which does not run the layer's .pth (so no other SGLang).
+SERVER_LAYER = sorted((REPO / ".compat" / "server").glob("lib/python*/site-packages"))
+
+# Process -> the module whose import precedes load_plugins() in that process.
+PROCESSES = {
+    "launcher": "sglang.launch_server",
+    "scheduler": "sglang.srt.managers.scheduler",
+    "detokenizer": "sglang.srt.managers.detokenizer_manager",
+    "dp-controller": "sglang.srt.managers.data_parallel_controller",
+}
+
+CHILD = textwrap.dedent(
+    """
+    import importlib, logging, sys
+    module = sys.argv[1]
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        print(f"NOT-IMPORTABLE {type(exc).__name__}: {exc}", flush=True)
+        raise SystemExit(0)
+    root = logging.getLogger()
+    print(f"ROOT {len(root.handlers)} handler(s) at {logging.getLevelName(root.level)}",
+          flush=True)
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    load_plugins()  # SGLang's loader is idempotent; so is the line
+    # What SGLang's configure_logger() does next in these processes.
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
+    logging.getLogger("sglang_amd_moe").info("AFTER_TEXT")
+    """
+).replace("AFTER_TEXT", AFTER)
 
 
-def test_info_line_printed_once_without_logging_config() -> None:
+def _env(extra_path: list[Path]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_")}
-    env["SGLANG_AMD_MOE_DISABLE"] = "1"  # the same entry, without importing SGLang
-    out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=120)
+    env.pop("SGLANG_PLUGINS", None)
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in extra_path)
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def _count(text: str, needle: str) -> int:
+    return sum(needle in line for line in text.splitlines())
+
+
+# --- without SGLang: the situations, one by one ----------------------------------------
+
+BARE = textwrap.dedent(
+    """
+    import logging, sys
+    setup = sys.argv[1]
+    if setup == "root-warning":  # SGLang 0.5.23's module imports: basicConfig()
+        logging.basicConfig(format="ROOT %(message)s")
+    elif setup == "root-handler-above-info":
+        h = logging.StreamHandler()
+        h.setLevel(logging.WARNING)
+        h.setFormatter(logging.Formatter("ROOT %(message)s"))
+        logging.getLogger().addHandler(h)
+    elif setup == "package-level-set":  # someone asked this package to be quiet
+        logging.getLogger("sglang_amd_moe").setLevel(logging.WARNING)
+    from sglang_amd_moe.runtime import plugin
+    plugin.register()
+    plugin.register()  # idempotent: no second line
+    plugin.register_vllm()  # the same state: no new line either
+    logging.basicConfig(level=logging.INFO, format="LATER %(message)s", force=True)
+    logging.getLogger("sglang_amd_moe").info("after basicConfig")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        ("none", 1),
+        ("root-warning", 1),
+        ("root-handler-above-info", 1),
+        ("package-level-set", 0),
+    ],
+)
+def test_one_line_whatever_logging_looks_like(setup: str, expected: int) -> None:
+    env = _env([])
+    env["SGLANG_AMD_MOE_DISABLE"] = "1"  # the same entry, without importing SGLang or torch
+    out = subprocess.run(
+        [sys.executable, "-c", BARE, setup], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
-    lines = [x for x in out.stderr.splitlines() if "sglang_amd_moe" in x]
-    assert sum("disabled by SGLANG_AMD_MOE_DISABLE=1" in x for x in lines) == 2, out.stderr
-    assert sum("after basicConfig" in x for x in lines) == 1, out.stderr
+    disabled = "sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked"
+    assert _count(out.stderr, disabled) == expected, out.stderr
+    if setup == "root-warning":  # through the handler the process configured, not ours
+        assert _count(out.stderr, "ROOT " + disabled) == 1, out.stderr
+    after = 0 if setup == "package-level-set" else 1
+    assert _count(out.stderr, "after basicConfig") == after, out.stderr
+
+
+# --- the real processes of every tested release ----------------------------------------
+
+_RUNS: dict[str, dict[str, subprocess.Popen]] = {}
+
+
+def _release_processes(release) -> dict[str, subprocess.Popen]:
+    """Start (once per release, all at once) one child per process that loads plugins."""
+    if release.label in _RUNS:
+        return _RUNS[release.label]
+    site = sorted(release.venv.glob("lib/python*/site-packages"))[0]
+    runs = {}
+    for name, module in PROCESSES.items():
+        path = site / (module.replace(".", "/") + ".py")
+        if path.exists() and "load_plugins()" in path.read_text(encoding="utf-8"):
+            runs[name] = subprocess.Popen(
+                [str(release.python), "-c", CHILD, module],
+                env=_env(SERVER_LAYER),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=str(REPO / "tests"),
+            )
+    _RUNS[release.label] = runs
+    return runs
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("process", list(PROCESSES))
+def test_line_in_every_process_of_every_release(release, process: str) -> None:
+    require_built(release)
+    if not release.has_plugin_loader:
+        pytest.skip(f"SGLang {release.label} has no plugin loader (the patch is the fix there)")
+    if not SERVER_LAYER:
+        pytest.fail("the server layer (.compat/server) is missing: `make test` builds it")
+    runs = _release_processes(release)
+    if process not in runs:
+        pytest.skip(f"no {process} process calls load_plugins() in SGLang {release.label}")
+    stdout, stderr = runs[process].communicate(timeout=600)
+    assert runs[process].returncode == 0, stderr[-3000:]
+    if stdout.startswith("NOT-IMPORTABLE"):
+        # Not a logging question: this process cannot start on a CPU-only machine.
+        pytest.skip(f"{PROCESSES[process]} does not import here: {stdout.strip()}")
+    assert _count(stderr, LINE) == 1, f"{stdout}\n{stderr[-3000:]}"
+    assert _count(stderr, AFTER) == 1, f"{stdout}\n{stderr[-3000:]}"

@@ -1,12 +1,13 @@
 """Stand-in for ROCm's ``aiter`` package: the MXFP4 MoE sort path only (tests only).
 
-Why it exists: real aiter cannot be imported without ROCm (its JIT looks for the ROCm
-version file at import), yet the plugin's aiter hook must be tested on a CPU machine
+Why it exists: real aiter cannot be imported without ROCm (its JIT asks ``hipconfig``
+for the ROCm version at import), yet the plugin's aiter hook must be tested on a CPU machine
 against aiter's exact API. This package reproduces, name for name, the parts of aiter
 that ``sglang_amd_moe.runtime.aiter_hook`` reads, wraps or calls, and nothing more:
 
 - ``aiter.fused_moe``: ``_adaptive_moe_sort``, ``_moe_sorting_impl``, ``moe_sorting``,
-  ``fused_moe``/``fused_moe_`` and (``count-rejected`` tree) ``_is_mxfp4_inline_sort`` and
+  ``fused_moe`` -> ``fused_moe_`` (the custom op) -> ``_fused_moe_impl`` (the plain
+  function that sorts) and (``count-rejected`` tree) ``_is_mxfp4_inline_sort`` and
   ``_mxfp4_inline_sort_unsupported``, with upstream's parameters, defaults and
   keyword-only markers, and ``_MOE_SORT_BACKEND`` read from ``AITER_MOE_SORT_BACKEND``;
 - ``aiter.mxfp4_moe_sort`` (``aiter/ops/moe_mxfp4_aux.py``): upstream's signature,
@@ -14,9 +15,9 @@ that ``sglang_amd_moe.runtime.aiter_hook`` reads, wraps or calls, and nothing mo
 - ``aiter.moe_sorting_fwd``/``moe_sorting_opus_fwd``/``moe_sorting_opus_get_workspace_size``:
   the CK/Opus sorts that ``_moe_sorting_impl``'s non-adaptive path calls.
 
-Every sort writes aiter's output contract (``sglang_amd_moe.kernels.mxfp4_moe_sort``
-documents it) through this project's plain-torch
-reference ``sglang_amd_moe.kernels.mxfp4_moe_sort_reference``. The MoE GEMM stages,
+Every sort writes aiter's output contract (see ``sglang_amd_moe.kernels.mxfp4_moe_sort``)
+through this project's plain-torch reference
+``sglang_amd_moe.kernels.mxfp4_moe_sort_reference``. The MoE GEMM stages,
 quantisation, tuned-config CSVs and the JIT are not reproduced (see ``fused_moe``).
 
 ``SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE`` (read here, at import) selects which upstream tree
@@ -27,10 +28,13 @@ its text classifies as that tree would (``sglang_amd_moe.runtime.aiter_forms``):
     aiter main as read in Aug 2026 (``aiter/fused_moe.py`` with ``output_aux`` and
     ``_adaptive_moe_sort``; ``mxfp4_moe_sort`` without a count).
 ``count-rejected``
-    the later tree described by aiter PR 7083 (the PR's base), reconstructed: the
+    the tree aiter PR 7083 was written against, reconstructed from its description: the
     stored upstream history has no version of ``_mxfp4_inline_sort_unsupported``.
 ``no-rocm``
-    ``import aiter`` raises, as the real package does on a machine without ROCm.
+    ``import aiter`` raises what the real package raises on a machine without ROCm:
+    ``RuntimeError("ROCm version file not found")``, from
+    ``aiter.jit.utils.cpp_extension.get_hip_version()`` (run at import through
+    ``aiter.jit.core``), whose ``hipconfig --version`` fails there.
 """
 
 from __future__ import annotations
@@ -41,12 +45,14 @@ import os
 SHAPES = ("count-dropped", "count-rejected", "no-rocm")
 STANDIN_SHAPE = os.environ.get("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", "count-dropped")
 if STANDIN_SHAPE not in SHAPES:
-    raise ValueError(f"SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE must be one of {SHAPES}, got {STANDIN_SHAPE!r}")
-if STANDIN_SHAPE == "no-rocm":
-    # What the real package does off ROCm (its JIT reads the ROCm version file).
-    raise FileNotFoundError(
-        "[Errno 2] No such file or directory: '/opt/rocm/.info/version' (aiter stand-in, no-rocm)"
+    raise ValueError(
+        f"SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE must be one of {SHAPES}, got {STANDIN_SHAPE!r}"
     )
+if STANDIN_SHAPE == "no-rocm":
+    # What the real package raises off ROCm: aiter/jit/utils/cpp_extension.py runs
+    # `HIP_VERSION = get_hip_version()` at import, which turns the failing
+    # `hipconfig --version` into this exact error.
+    raise RuntimeError("ROCm version file not found")
 
 # aiter.fused_moe comes from the selected tree: search that directory first.
 __path__.insert(

@@ -6,12 +6,11 @@ is copied here exactly as it stands before aiter PR 7083: seventeen
 keyword-callable parameters and no ``num_local_tokens``, so the kernel always sorts
 all ``M_logical`` rows.
 
-The body writes the output contract (as ``sglang_amd_moe.kernels.mxfp4_moe_sort``
-documents it) through this project's
-plain-torch reference with no count. Where the HIP kernel would count an out-of-range
-id (a padded row's ``-1``) into ``count[e]`` out of bounds, the reference drops the pair
-instead; this stand-in records each such route in :data:`standin_calls` so tests can
-show that padded rows reached aiter's kernel.
+The body writes the output contract (``sglang_amd_moe.kernels.mxfp4_moe_sort``'s
+docstring) through this project's plain-torch reference with no count. Where the HIP
+kernel would count an out-of-range id (a padded row's ``-1``) into ``count[e]`` out of
+bounds, the reference drops the pair instead; this stand-in records each such route in
+:data:`standin_calls` so tests can show that padded rows reached aiter's kernel.
 """
 
 from __future__ import annotations

@@ -3,15 +3,17 @@
 ``_moe_sorting_impl``'s standard path calls ``aiter.moe_sorting_fwd`` (CK, 12 positional
 arguments) or ``aiter.moe_sorting_opus_fwd`` (Opus, 16 positional arguments, optionally
 emitting the aux outputs ``m_indices``/``reverse_sorted``). Both honour
-``num_local_tokens`` upstream (aiter PR 7083: the Opus aux sort "reads the count on device,
-routes only the leading rows, prefills reverse_sorted with -1 and writes the count to
-cumsum_tensor[1]"). The positional order is the one ``_moe_sorting_impl`` uses; the
-parameter names are descriptive (the plugin never calls these directly).
+``num_local_tokens`` upstream (aiter PR 7083's description: the Opus aux sort "reads the
+count on device, routes only the leading rows, prefills reverse_sorted with -1 and
+writes the count to cumsum_tensor[1]"). The positional order is the one
+``_moe_sorting_impl`` uses; the parameter names are descriptive (the plugin never calls
+these directly).
 
 They write the same contract as ``mxfp4_moe_sort`` through the torch reference, into
 scratch buffers sized for the reference's checks, then copy the common prefix into the
-caller's (upstream-sized) buffers, which always hold the written part (E >= topk). Expert-parallel masks and ``local_topk_ids`` are not
-modelled: a mask raises ``NotImplementedError``.
+caller's (upstream-sized) buffers, which always hold the written part (E >= topk).
+Expert-parallel masks and ``local_topk_ids`` are not modelled: a mask raises
+``NotImplementedError``.
 """
 
 from __future__ import annotations

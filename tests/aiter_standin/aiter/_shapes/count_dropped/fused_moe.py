@@ -1,28 +1,39 @@
 """Stand-in for ``aiter/fused_moe.py`` as on aiter main in Aug 2026 (form ``count-dropped``).
 
+aiter main has had this form since commit b2dd7703df (2026-07-09), which brought
+``mxfp4_moe_sort`` into ``aiter/fused_moe.py``.
+
 Mirrors (names, parameters, defaults, keyword-only markers and control flow of):
 
 - ``_MOE_SORT_BACKEND = os.environ.get("AITER_MOE_SORT_BACKEND", "auto").lower()``;
 - ``_adaptive_moe_sort(topk_ids, topk_weights, num_experts, topk, block_size, model_dim,
   *, atomic=False, emit_aux=False, moebuf_dtype=dtypes.bf16)``: allocations as upstream
-  makes them (``sglang_amd_moe.kernels.adaptive_moe_sort`` mirrors them), then ``aiter.mxfp4_moe_sort(...)`` by keyword, with no count;
+  makes them, then ``aiter.mxfp4_moe_sort(...)`` by keyword, with no count;
 - ``_moe_sorting_impl(...)``: ``if output_aux and _MOE_SORT_BACKEND not in ("opus",
   "ck"): return _adaptive_moe_sort(..., atomic=accumulate, emit_aux=True,
   moebuf_dtype=moebuf_dtype)`` -- the count is dropped here -- else the CK/Opus path,
   which passes ``num_local_tokens`` on;
 - ``moe_sorting(...)`` (FlyDSL branch unreachable: ``is_flydsl_available()`` is False,
   as upstream's ImportError fallback) and its ``try``/``except`` logging;
-- ``fused_moe``/``fused_moe_`` signatures; ``fused_moe_``'s sort dispatch: for an
-  ``output_aux`` (inline-sort) config it calls ``moe_sorting(topk_ids, topk_weight,
-  global_E, model_dim, dtype, block_size_M, accumulate=_atomic, output_aux=True)``,
-  dropping ``num_local_tokens`` one level earlier still, and raises for expert
-  parallelism; other configs pass ``expert_mask, num_local_tokens,
+- the call chain and signatures of ``fused_moe`` (plain) -> ``fused_moe_`` (decorated with
+  ``torch_compile_guard``: upstream's torch custom op, which only forwards every argument
+  by keyword) -> ``_fused_moe_impl`` (a plain function holding the body);
+  ``_fused_moe_impl``'s sort dispatch: for an ``output_aux`` (inline-sort) config it
+  raises for expert parallelism (``expert_mask`` given), then calls
+  ``moe_sorting(topk_ids, topk_weight, global_E, model_dim, dtype, block_size_M,
+  accumulate=_atomic, output_aux=True)``, dropping ``num_local_tokens`` one level earlier
+  still; other configs pass ``expert_mask, num_local_tokens,
   moe_sorting_dispatch_policy`` positionally.
 
+Later aiter main (read in Nov 2026) keeps this chain and these calls, and adds
+parameters the plugin does not read (``output=`` on ``_moe_sorting_impl``,
+``moe_sorting`` and the fused entry points; ``sort3stage_ws=`` on ``mxfp4_moe_sort``;
+expert-parallel scatter arguments on ``fused_moe_``); they are not reproduced here.
+
 Not reproduced: tuned-config CSVs (``get_2stage_cfgs`` returns :data:`standin_metadata`
-or a default), quantisation and the GEMM stages. ``fused_moe_`` stops after the sort,
-records the sort's outputs in :data:`standin_sorts` and returns ``moe_buf`` (the buffer
-stage 2 would accumulate into).
+or a default), quantisation and the GEMM stages. ``_fused_moe_impl`` stops after the
+sort, records the sort's outputs in :data:`standin_sorts` and returns ``moe_buf`` (the
+buffer stage 2 would accumulate into).
 """
 
 import functools
@@ -54,7 +65,7 @@ _MOE_SORT_BACKEND = os.environ.get("AITER_MOE_SORT_BACKEND", "auto").lower()
 
 #: Stand-in only: the MOEMetadata ``get_2stage_cfgs`` returns (None: default heuristics).
 standin_metadata = None
-#: Stand-in only: the outputs of each sort ``fused_moe_`` ran, in call order.
+#: Stand-in only: the outputs of each sort ``_fused_moe_impl`` ran, in call order.
 standin_sorts: list = []
 
 
@@ -325,7 +336,8 @@ def _parse_mxfp4_g2_kname(kernelName2):
 
 def standin_inline_sort_metadata(block_m=16, atomic=True):
     """Stand-in only: a tuned BM16 inline-sort (``output_aux``) config like aiter PR 7083's rows."""
-    kn2 = f"flydsl_moe2_layout_afp4_wfp4_bf16_t{block_m}x128x128_{'atomic' if atomic else 'reduce'}_sbm{block_m}"
+    mode = "atomic" if atomic else "reduce"
+    kn2 = f"flydsl_moe2_layout_afp4_wfp4_bf16_t{block_m}x128x128_{mode}_sbm{block_m}"
     return MOEMetadata(
         stage1=functools.partial(
             _standin_stage, kernelName1="flydsl_mxmoe_g1_a4w4_16x256x256_f16in"
@@ -427,6 +439,36 @@ def fused_moe_fake(hidden_states, w1, w2, topk_weight, topk_ids, *args, dtype=No
 
 @torch_compile_guard(gen_fake=fused_moe_fake)
 def fused_moe_(
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weight: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_mask: torch.Tensor | None = None,
+    activation: int = ActivationType.Silu.value,
+    quant_type: int = QuantType.No.value,
+    doweight_stage1: bool = False,
+    w1_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    a1_scale: torch.Tensor | None = None,
+    a2_scale: torch.Tensor | None = None,
+    block_size_M: int = -1,
+    num_local_tokens: torch.Tensor | None = None,
+    moe_sorting_dispatch_policy: int = 0,
+    dtype: torch.dtype | None = None,
+    hidden_pad: int = 0,
+    intermediate_pad: int = 0,
+    bias1: torch.Tensor | None = None,
+    bias2: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    gate_mode: str = GateMode.SEPARATED.value,
+) -> torch.Tensor:
+    # Upstream forwards every argument to _fused_moe_impl by keyword (and, in later
+    # trees, builds an expert-parallel scatter context first, not modelled here).
+    return _fused_moe_impl(**locals())
+
+
+def _fused_moe_impl(
     hidden_states: torch.Tensor,
     w1: torch.Tensor,
     w2: torch.Tensor,

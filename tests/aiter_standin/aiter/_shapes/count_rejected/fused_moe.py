@@ -1,9 +1,9 @@
-"""Stand-in for ``aiter/fused_moe.py`` in aiter PR 7083's base tree (form ``count-rejected``).
+"""Stand-in for ``aiter/fused_moe.py`` in the tree aiter PR 7083 fixes (form ``count-rejected``).
 
-The description of aiter PR 7083 describes this tree (the one the PR was written
-against); the stored upstream history has no version of it, so it is reconstructed from
-that text on top of the ``count-dropped`` stand-in (``../count_dropped/fused_moe.py``,
-aiter main of Aug 2026), changing only what the description says differs:
+aiter PR 7083's description describes this tree; the stored upstream history has no
+version of it, so it is reconstructed from that text on top of the ``count-dropped`` stand-in
+(``../count_dropped/fused_moe.py``, aiter main of Aug 2026), changing only what that
+text says differs:
 
 - ``_mxfp4_inline_sort_unsupported(...)`` exists and returns a reason (a string) for any
   call that carries ``num_local_tokens`` ("rejects every call that carries
@@ -14,18 +14,19 @@ aiter main of Aug 2026), changing only what the description says differs:
   expert-parallel rejection mirrors main's ``NotImplementedError`` for the aux path.
   The exact signature is reconstructed: the parameters are keyword-only, the count is
   the ``num_local_tokens`` parameter, and ``None`` means supported.
-- ``fused_moe_`` asks it about a tuned inline-sort config (``_is_mxfp4_inline_sort``) and,
+- ``_fused_moe_impl`` (called by the custom op ``fused_moe_``, as on aiter main) asks it
+  about a tuned inline-sort config (``_is_mxfp4_inline_sort``) and,
   on a reason, logs a warning and falls back to the default heuristics
   (``get_2stage_cfgs(..., _disable_inline_sort=True)``): the tuned rows are discarded.
-- The inline-sort path passes ``num_local_tokens`` to ``moe_sorting`` (the seed: "the
+- The inline-sort path passes ``num_local_tokens`` to ``moe_sorting`` (the description: "the
   rest of the inline-sort path already handles num_local_tokens"; the Opus aux sort
   reads it).
 - ``_moe_sorting_impl`` takes the adaptive branch only while ``3 * M * topk < 4 *
-  num_experts`` (the seed's Opus aux sort takes ``3 * M * topk >= 4 * E``) and still
+  num_experts`` (the description's Opus aux sort takes ``3 * M * topk >= 4 * E``) and still
   drops the count there; ``aiter.mxfp4_moe_sort`` still has no ``num_local_tokens``.
 
 Not reproduced, as in the ``count-dropped`` tree: tuned-config CSVs, quantisation and
-the GEMM stages (``fused_moe_`` stops after the sort and records it in
+the GEMM stages (``_fused_moe_impl`` stops after the sort and records it in
 :data:`standin_sorts`).
 """
 
@@ -58,7 +59,7 @@ _MOE_SORT_BACKEND = os.environ.get("AITER_MOE_SORT_BACKEND", "auto").lower()
 
 #: Stand-in only: the MOEMetadata ``get_2stage_cfgs`` returns (None: default heuristics).
 standin_metadata = None
-#: Stand-in only: the outputs of each sort ``fused_moe_`` ran, in call order.
+#: Stand-in only: the outputs of each sort ``_fused_moe_impl`` ran, in call order.
 standin_sorts: list = []
 
 
@@ -329,7 +330,8 @@ def _parse_mxfp4_g2_kname(kernelName2):
 
 def standin_inline_sort_metadata(block_m=16, atomic=True):
     """Stand-in only: a tuned BM16 inline-sort (``output_aux``) config like aiter PR 7083's rows."""
-    kn2 = f"flydsl_moe2_layout_afp4_wfp4_bf16_t{block_m}x128x128_{'atomic' if atomic else 'reduce'}_sbm{block_m}"
+    mode = "atomic" if atomic else "reduce"
+    kn2 = f"flydsl_moe2_layout_afp4_wfp4_bf16_t{block_m}x128x128_{mode}_sbm{block_m}"
     return MOEMetadata(
         stage1=functools.partial(
             _standin_stage, kernelName1="flydsl_mxmoe_g1_a4w4_16x256x256_f16in"
@@ -469,6 +471,36 @@ def fused_moe_fake(hidden_states, w1, w2, topk_weight, topk_ids, *args, dtype=No
 
 @torch_compile_guard(gen_fake=fused_moe_fake)
 def fused_moe_(
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weight: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_mask: torch.Tensor | None = None,
+    activation: int = ActivationType.Silu.value,
+    quant_type: int = QuantType.No.value,
+    doweight_stage1: bool = False,
+    w1_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    a1_scale: torch.Tensor | None = None,
+    a2_scale: torch.Tensor | None = None,
+    block_size_M: int = -1,
+    num_local_tokens: torch.Tensor | None = None,
+    moe_sorting_dispatch_policy: int = 0,
+    dtype: torch.dtype | None = None,
+    hidden_pad: int = 0,
+    intermediate_pad: int = 0,
+    bias1: torch.Tensor | None = None,
+    bias2: torch.Tensor | None = None,
+    swiglu_limit: float | None = None,
+    gate_mode: str = GateMode.SEPARATED.value,
+) -> torch.Tensor:
+    # Upstream forwards every argument to _fused_moe_impl by keyword (and, in later
+    # trees, builds an expert-parallel scatter context first, not modelled here).
+    return _fused_moe_impl(**locals())
+
+
+def _fused_moe_impl(
     hidden_states: torch.Tensor,
     w1: torch.Tensor,
     w2: torch.Tensor,
