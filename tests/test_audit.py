@@ -527,9 +527,12 @@ def test_plugin_disabled_on_broken_form_needs_attention(
 def test_load_agrees_with_plain_audit_while_the_aiter_hook_is_pending(tmp_path: Path) -> None:
     """After the real load_plugins() the aiter hook waits for aiter.fused_moe to be
     imported (the normal state in a server until the first MoE layer is built): that
-    covers the form, and the patch drift plain mode reports is reported the same way."""
-    plain = json.loads(_with_standin(tmp_path).stdout)
-    loaded = json.loads(_with_standin(tmp_path, args=("--json", "--load")).stdout)
+    covers the form, and the patch drift plain mode reports is reported the same way.
+    The hook waits only where the plugin's gate is open (ROCm, or SGLANG_AMD_MOE_FORCE=1
+    on this machine)."""
+    force = {"SGLANG_AMD_MOE_FORCE": "1"}
+    plain = json.loads(_with_standin(tmp_path, force).stdout)
+    loaded = json.loads(_with_standin(tmp_path, force, args=("--json", "--load")).stdout)
     assert loaded["aiter_imported"] is False
     a_plain, a_load = (
         next(t for t in out["t"] if t["target"] == "aiter") for out in (plain, loaded)

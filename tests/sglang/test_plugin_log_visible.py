@@ -24,7 +24,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from sglang_release_support import REPO, require_built
+from releases import REPO
+from sglang_release_support import require_built
 
 LINE = (
     "sglang-amd-moe: not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it); "
