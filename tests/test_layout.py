@@ -25,6 +25,9 @@ PATH_EDITS_ALLOWED = {
     # Runs in the GPU machine's server processes, not under pytest: it loads the
     # sitecustomize it shadows by file, so the image's own one still runs.
     "benchmarks/server/site/sitecustomize.py",
+    # Loads topk modules the tests generate into a temporary folder: not an import of a
+    # helper, the module under test is written by the test itself.
+    "tests/sglang/synthetic_topk.py",
 }
 
 

@@ -59,7 +59,8 @@ with torch._dynamo.config.patch(disable=True):  # SGLang's torch.compile'd route
     out["eager"] = [r.topk_ids.tolist(), r.topk_weights.tolist()]
     with cgr.model_capture_mode():
         r = layer.forward_cuda(hidden, logits)
-    out["capture"] = [r.topk_ids.tolist(), [[x if x == x else "nan" for x in row] for row in r.topk_weights.tolist()]]
+    weights = [[x if x == x else "nan" for x in row] for row in r.topk_weights.tolist()]
+    out["capture"] = [r.topk_ids.tolist(), weights]
 out["record"] = sc.RECORD.data
 json.dump(out, open(sys.argv[1], "w"))
 """

@@ -7,8 +7,9 @@ benchmarks/server/bundle.py --dest DIR``). The folder holds
   0.5.13.post1 for Python 3.12, and the smallest set of other wheels its HTTP server,
   scheduler and model runner import on that machine beyond what its image already has
   (torch 2.11.0, triton 3.6.0, numpy, aiohttp, uvloop, ... are there). Two are trimmed
-  so the whole folder fits one transfer (SGLang itself is carried whole): files nothing on the server's path loads are
-  dropped and the wheel's RECORD rewritten to match (see ``TRIMS``);
+  so the whole folder fits one transfer (SGLang itself is carried whole): files nothing
+  on the server's path loads are dropped and the wheel's RECORD rewritten to match (see
+  ``TRIMS``);
 * ``server/``: ``device.sh``, ``harness.py`` and ``site/sitecustomize.py``;
 * ``manifest.json``: every wheel with its size and sha256, what was trimmed, and the
   commit of the tree the package wheel was built from.
@@ -36,13 +37,29 @@ LIMIT = 64 * 2**20  # one transfer: the working tree that travels plus carried p
 
 # Python 3.12 wheels for the GPU machine's interpreter.
 PLATFORMS = [
-    "--python-version", "3.12", "--implementation", "cp",
-    "--platform", "manylinux_2_34_x86_64", "--platform", "manylinux_2_28_x86_64",
-    "--platform", "manylinux_2_27_x86_64", "--platform", "manylinux_2_26_x86_64",
-    "--platform", "manylinux_2_24_x86_64", "--platform", "manylinux_2_17_x86_64",
-    "--platform", "manylinux2014_x86_64", "--platform", "manylinux1_x86_64",
-    "--platform", "manylinux_2_5_x86_64",
-]  # fmt: skip
+    "--python-version",
+    "3.12",
+    "--implementation",
+    "cp",
+    "--platform",
+    "manylinux_2_34_x86_64",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_27_x86_64",
+    "--platform",
+    "manylinux_2_26_x86_64",
+    "--platform",
+    "manylinux_2_24_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux2014_x86_64",
+    "--platform",
+    "manylinux1_x86_64",
+    "--platform",
+    "manylinux_2_5_x86_64",
+]
 
 # SGLang 0.5.13.post1 (form `weights-only`; pins torch 2.11.0, the GPU machine's) and
 # the compiled kernels it pins.
@@ -51,20 +68,44 @@ SGLANG = ["sglang==0.5.13.post1", "sglang-kernel==0.4.3", "flashinfer-python==0.
 # (transformers 5.8.1 and tokenizers <= 0.23.0 are pinned by it; the image's newer ones
 # are shadowed). IPython is imported (sglang.utils) but none of its optional helpers.
 CLOSURE = [
-    "transformers==5.8.1", "tokenizers==0.22.2", "annotated_types==0.8.0",
-    "apache_tvm_ffi==0.1.9", "compressed_tensors==0.20.1", "dill==0.4.1", "distro==1.9.0",
-    "gguf==0.19.0", "ipython==9.18.1", "traitlets==5.16.1", "jiter==0.19.0", "loguru==0.7.3",
-    "msgspec==0.23.0", "openai==2.6.1", "orjson==3.13.0", "partial_json_parser==0.2.1.1.post7",
-    "pybase64==1.5.1", "pydantic==2.14.4", "pydantic_core==2.50.5", "pyzmq==27.3.0",
-    "sniffio==1.3.1", "starlette==1.10.0", "typing_inspection==0.4.5",
-]  # fmt: skip
+    "transformers==5.8.1",
+    "tokenizers==0.22.2",
+    "annotated_types==0.8.0",
+    "apache_tvm_ffi==0.1.9",
+    "compressed_tensors==0.20.1",
+    "dill==0.4.1",
+    "distro==1.9.0",
+    "gguf==0.19.0",
+    "ipython==9.18.1",
+    "traitlets==5.16.1",
+    "jiter==0.19.0",
+    "loguru==0.7.3",
+    "msgspec==0.23.0",
+    "openai==2.6.1",
+    "orjson==3.13.0",
+    "partial_json_parser==0.2.1.1.post7",
+    "pybase64==1.5.1",
+    "pydantic==2.14.4",
+    "pydantic_core==2.50.5",
+    "pyzmq==27.3.0",
+    "sniffio==1.3.1",
+    "starlette==1.10.0",
+    "typing_inspection==0.4.5",
+]
 # The HTTP server's own imports. fastapi 0.140.0: the newest line that does not require
 # opentelemetry-api (0.150 and later do); 0.5.13.post1 pins soundfile 0.13.1.
 HTTP = [
-    "fastapi==0.140.0", "uvicorn==0.54.0", "setproctitle==1.3.8", "python-multipart==0.0.34",
-    "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1", "referencing==0.37.0",
-    "rpds-py==2026.9.1", "soundfile==0.13.1", "cffi==2.1.1",
-]  # fmt: skip
+    "fastapi==0.140.0",
+    "uvicorn==0.54.0",
+    "setproctitle==1.3.8",
+    "python-multipart==0.0.34",
+    "jsonschema==4.26.0",
+    "jsonschema-specifications==2025.9.1",
+    "referencing==0.37.0",
+    "rpds-py==2026.9.1",
+    "soundfile==0.13.1",
+    "cffi==2.1.1",
+]
 PINS = SGLANG + CLOSURE + HTTP
 
 # Dropped from wheels (path prefixes inside the wheel), and why.
@@ -128,8 +169,21 @@ def download(cache: Path) -> list[Path]:
 
     missing = [pin for pin in PINS if find(pin) is None]
     if missing:
-        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             *PLATFORMS, "-d", str(cache), *missing])  # fmt: skip
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                *PLATFORMS,
+                "-d",
+                str(cache),
+                *missing,
+            ]
+        )
     wheels = []
     for pin in PINS:
         path = find(pin)
@@ -218,7 +272,8 @@ def main() -> int:
     print(f"bundle: {len(manifest['wheels'])} wheels, {total / 2**20:.1f} MiB in {args.dest}")
     if total > LIMIT - 4 * 2**20:
         print(
-            f"bundle: WARNING: {total / 2**20:.1f} MiB leaves under 4 MiB of the 64 MiB transfer for the tree"
+            f"bundle: WARNING: {total / 2**20:.1f} MiB leaves under 4 MiB "
+            "of the 64 MiB transfer for the tree"
         )
     return 0
 

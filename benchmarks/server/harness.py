@@ -182,30 +182,47 @@ def log(msg: str) -> None:
 def server_args(model_dir: Path, port: int) -> list[str]:
     """The launch_server arguments every run shares (only the environment differs)."""
     return [
-        "--model-path", str(model_dir),
-        "--load-format", "dummy",
+        "--model-path",
+        str(model_dir),
+        "--load-format",
+        "dummy",
         "--skip-tokenizer-init",
-        "--dtype", "bfloat16",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--tp-size", "1",
-        "--attention-backend", "triton",
-        "--sampling-backend", "pytorch",
-        "--moe-runner-backend", "triton",
-        "--grammar-backend", "none",
-        "--cuda-graph-bs", *[str(b) for b in CAPTURE_BS],
-        "--max-running-requests", str(max(CAPTURE_BS)),
+        "--dtype",
+        "bfloat16",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tp-size",
+        "1",
+        "--attention-backend",
+        "triton",
+        "--sampling-backend",
+        "pytorch",
+        "--moe-runner-backend",
+        "triton",
+        "--grammar-backend",
+        "none",
+        "--cuda-graph-bs",
+        *[str(b) for b in CAPTURE_BS],
+        "--max-running-requests",
+        str(max(CAPTURE_BS)),
         "--disable-piecewise-cuda-graph",
         "--disable-radix-cache",
         "--skip-server-warmup",
         # Five servers share the GPU: each sizes its pool from what it sees free and caps
         # it at a fixed token budget, so start-up order does not matter.
-        "--mem-fraction-static", "0.85",
-        "--max-total-tokens", "16384",
-        "--context-length", "1024",
-        "--random-seed", "0",
-        "--log-level", "info",
-    ]  # fmt: skip
+        "--mem-fraction-static",
+        "0.85",
+        "--max-total-tokens",
+        "16384",
+        "--context-length",
+        "1024",
+        "--random-seed",
+        "0",
+        "--log-level",
+        "info",
+    ]
 
 
 def server_env(run: Run, base: dict[str, str], site_dir: Path, record_dir: Path) -> dict[str, str]:
@@ -248,8 +265,15 @@ def free_port() -> int:
 class Server:
     """One ``python -m sglang.launch_server`` process group and its log."""
 
-    def __init__(self, run: Run, python: str, model_dir: Path, out_dir: Path, site_dir: Path,
-                 extra_args: list[str]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run: Run,
+        python: str,
+        model_dir: Path,
+        out_dir: Path,
+        site_dir: Path,
+        extra_args: list[str],
+    ) -> None:
         self.run = run
         self.port = free_port()
         self.log_path = out_dir / f"server-{run.label}.log"
@@ -421,8 +445,9 @@ def generate_batch(
     return out
 
 
-def stream_request(port: int, prompt: list[int], max_new_tokens: int, start: threading.Event,
-                   timeout: float) -> dict:  # fmt: skip
+def stream_request(
+    port: int, prompt: list[int], max_new_tokens: int, start: threading.Event, timeout: float
+) -> dict:
     """One streamed greedy request: (time, completion tokens so far) for every chunk."""
     body = {
         "input_ids": prompt,
@@ -556,10 +581,16 @@ def compare(outputs: list[dict], reference: list[dict]) -> dict:
         else:
             mismatched += 1
             if first_mismatch is None:
-                pos = next((j for j, (a, b) in enumerate(zip(o["ids"], r["ids"], strict=False)) if a != b),
-                           min(len(o["ids"]), len(r["ids"])))  # fmt: skip
-                first_mismatch = {"request": i, "position": pos, "got": o["ids"][pos : pos + 8],
-                                  "reference": r["ids"][pos : pos + 8]}  # fmt: skip
+                pos = next(
+                    (j for j, (a, b) in enumerate(zip(o["ids"], r["ids"], strict=False)) if a != b),
+                    min(len(o["ids"]), len(r["ids"])),
+                )
+                first_mismatch = {
+                    "request": i,
+                    "position": pos,
+                    "got": o["ids"][pos : pos + 8],
+                    "reference": r["ids"][pos : pos + 8],
+                }
     return {
         "requests": len(outputs),
         "served": served,
@@ -621,8 +652,10 @@ def environment(python: str, manifest: Path | None) -> dict:
     try:
         smi = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         info["gpu"] = smi.stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
         info["gpu"] = f"nvidia-smi failed: {exc}"
@@ -661,8 +694,9 @@ def write_model(name: str, root: Path) -> Path:
     return d
 
 
-def run_checks(servers: dict[str, Server], vocab: int, rounds: int, max_new_tokens: int,
-               timeout: float) -> dict[str, list[dict]]:  # fmt: skip
+def run_checks(
+    servers: dict[str, Server], vocab: int, rounds: int, max_new_tokens: int, timeout: float
+) -> dict[str, list[dict]]:
     """Every round: the same batch to every live server at once; outputs per run."""
     outputs: dict[str, list[dict]] = {label: [] for label in servers}
     for r in range(rounds):
@@ -691,13 +725,19 @@ def run_checks(servers: dict[str, Server], vocab: int, rounds: int, max_new_toke
                     servers[label].failed = f"round {r} size {size}: {ans[0].get('error', '?')}"[
                         :300
                     ]
-            log(f"round {r} size {size}: {time.monotonic() - t0:.1f} s; "
-                + ", ".join(f"{k}:{sum(1 for a in v if 'ids' in a)}/{len(v)}" for k, v in sorted(answers.items())))  # fmt: skip
+            log(
+                f"round {r} size {size}: {time.monotonic() - t0:.1f} s; "
+                + ", ".join(
+                    f"{k}:{sum(1 for a in v if 'ids' in a)}/{len(v)}"
+                    for k, v in sorted(answers.items())
+                )
+            )
     return outputs
 
 
-def run_overhead(servers: dict[str, Server], vocab: int, rounds: int, max_new_tokens: int,
-                 timeout: float) -> dict:  # fmt: skip
+def run_overhead(
+    servers: dict[str, Server], vocab: int, rounds: int, max_new_tokens: int, timeout: float
+) -> dict:
     """(b) vs (d), one server at a time, rounds interleaved (b d d b b d ...) so both see
     the same drift; the first round of each (server, size) is a warm-up and not counted."""
     out: dict = {"rounds": rounds, "max_new_tokens": max_new_tokens, "sizes": {}}
@@ -764,8 +804,15 @@ def attempt(model: str, args, results: Results) -> bool:
         "max_new_tokens": args.max_new_tokens,
         "prompt_len": PROMPT_LEN,
     }
-    doc["runs"] = {r.label: {"what": r.what, "plugin": r.plugin, "inject": r.inject, "pass_count": r.pass_count}
-                   for r in RUNS}  # fmt: skip
+    doc["runs"] = {
+        r.label: {
+            "what": r.what,
+            "plugin": r.plugin,
+            "inject": r.inject,
+            "pass_count": r.pass_count,
+        }
+        for r in RUNS
+    }
     extra = args.extra_server_args.split()
     servers = {
         r.label: Server(r, args.python, model_dir, args.out, args.sitecustomize_dir, extra)
@@ -838,8 +885,9 @@ def attempt(model: str, args, results: Results) -> bool:
             doc["overhead"] = {"skipped": f"only {args.remaining():.0f} s of the time budget left"}
         elif all(servers[x].alive() and not servers[x].failed for x in OVERHEAD_PAIR):
             t2 = time.monotonic()
-            doc["overhead"] = run_overhead(servers, vocab, args.overhead_rounds, args.overhead_tokens,
-                                           args.request_timeout)  # fmt: skip
+            doc["overhead"] = run_overhead(
+                servers, vocab, args.overhead_rounds, args.overhead_tokens, args.request_timeout
+            )
             doc["phases"]["overhead_s"] = round(time.monotonic() - t2, 1)
         else:
             doc["overhead"] = {"skipped": "b or d was not serving"}
@@ -881,8 +929,9 @@ def main() -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     results = Results(args.out / "server-h200.json")
     t0 = time.monotonic()
-    results.doc["harness_args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                                   if k != "remaining"}  # fmt: skip
+    results.doc["harness_args"] = {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "remaining"
+    }
     results.doc["environment"] = environment(args.python, args.manifest)
     results.doc["phases"]["environment_s"] = round(time.monotonic() - t0, 1)
     results.doc["attempts"] = []
@@ -900,8 +949,10 @@ def main() -> int:
         ok = attempt(model, args, results)
         entry: dict = {"model": model, "served": ok}
         if not ok:  # the next attempt reuses the log files: keep what this one said
-            entry["startup"] = {k: {"ready_s": v.get("ready_s"), "failure": v.get("startup_failure")}
-                                for k, v in results.doc.get("runs", {}).items()}  # fmt: skip
+            entry["startup"] = {
+                k: {"ready_s": v.get("ready_s"), "failure": v.get("startup_failure")}
+                for k, v in results.doc.get("runs", {}).items()
+            }
             entry["log_tails"] = {
                 label: Path(args.out / f"server-{label}.log").read_text(errors="replace")[-6000:]
                 for label in (r.label for r in RUNS)

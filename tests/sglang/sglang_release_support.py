@@ -32,7 +32,9 @@ def selected_releases() -> tuple[list, bool]:
     labels = [x.strip() for x in raw.split(",") if x.strip()]
     unknown = [x for x in labels if x not in releases.BY_LABEL]
     if unknown:
-        raise pytest.UsageError(f"{ENV_VAR}: unknown release label(s) {unknown}; known: {sorted(releases.BY_LABEL)}")
+        raise pytest.UsageError(
+            f"{ENV_VAR}: unknown release label(s) {unknown}; known: {sorted(releases.BY_LABEL)}"
+        )
     return [releases.BY_LABEL[x] for x in labels], True
 
 
@@ -96,7 +98,9 @@ class DriverRun:
         data = json.loads(self.out.read_text())
         if data["errors"]:
             pytest.fail(
-                f"{self.rel.label} driver {self.mode} failed:\n" + "\n".join(data["errors"]) + f"\n--- output\n{tail}"
+                f"{self.rel.label} driver {self.mode} failed:\n"
+                + "\n".join(data["errors"])
+                + f"\n--- output\n{tail}"
             )
         return data
 
