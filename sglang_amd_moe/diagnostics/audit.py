@@ -12,8 +12,8 @@ It reads source files (regular files only, at most :data:`MAX_SOURCE_BYTES`) and
 imports SGLang or aiter to classify them (files are found with
 ``importlib.util.find_spec`` on the top-level package, which does not run it), so it
 works without ROCm, without aiter and without torch. Only ``--load`` imports SGLang, to
-run its real ``sglang.srt.plugins.load_plugins()`` and read each hook's ``status()``
-(a :class:`~sglang_amd_moe.runtime.hookstate.HookStatus`).
+run its real ``sglang.srt.plugins.load_plugins()``, read each hook's ``status()`` (a
+:class:`~sglang_amd_moe.runtime.hookstate.HookStatus`) and run SGLang's function.
 
 Exit status: 0 when the audit found its targets and nothing needs action, 1 when
 something needs attention, 2 when the audit itself failed (a file it cannot read or
@@ -35,10 +35,27 @@ Per target, in this order (:func:`_verdict`):
   the verdict is what this software does on the AMD machine it is for (a note says
   when this machine is not one). A file given with ``--*-source`` is never covered:
   that image's plugin cannot be seen from here.
-* any other form: upstream-fixed forms need nothing; ``unknown`` and SGLang's
-  ``absent`` need attention.
+* any other form: upstream-fixed forms need nothing; SGLang's ``absent`` needs
+  attention; so does ``unknown`` (for SGLang the plugin decides it by running the
+  function and hooks only what it sees wrong; a person should still read it).
 
-Drift (the form's patch no longer applies) needs attention whatever the above says.
+The plain audit runs no code, so its verdict rests on the source reader. With
+``--load`` the SGLang verdict also rests on what the code does (:func:`_observe_sglang`,
+:func:`_behaviour_verdict`): ``_post_process_topk_ids`` runs on ``sglang_probe``'s CPU
+batch (padded rows holding garbage, EPLB off and on, the HIP branch taken for the probe
+only) as what runs here (the hooked call where the hook is live; upstream where nothing
+hooks it, topk imported for it where plugins did not) or, where the hook is off only
+because torch is not a ROCm build, as what the plugin does on a ROCm machine
+(``sglang_hook.preview()``). What runs must be right; where the source reads as another
+form than running it shows, that needs attention too, said plainly; where the probe
+cannot run it, a note says so and the source's verdict stands. Running it never makes
+a verdict OK that the source alone would not.
+
+Drift (the form's patch no longer applies) needs attention whatever the above says, in
+both modes alike. The plain audit checks a patch as text (and says so); with ``--load``
+the SGLang patch is also applied in memory and run on the probe batch before it is
+offered: one that applies but comes out wrong reads :data:`PATCH_FAILS_PROBE`, with no
+path or command, and needs attention (the patch needs updating).
 """
 
 from __future__ import annotations
@@ -942,6 +959,11 @@ def _conclude(rep: TargetReport, view: PluginView | None) -> None:
         rep.patch_file = patching.patch_path(rep.patch)
         if rep.patch_status == patching.APPLIES and rep.file:
             rep.apply_command = patching.apply_command(rep.file, rep.patch)
+            if rep.patch_probe is not None and rep.patch_probe.get("right"):
+                rep.notes.append(
+                    f"{rep.patch} was run before it is offered: the function it makes is "
+                    "right on the probe batch"
+                )
             if rep.target == SGLANG and rep.seen is None:
                 rep.notes.append(
                     f"{rep.patch} is checked as text only (it applies): `sglang-amd-moe audit "
@@ -1100,7 +1122,9 @@ exit status:
      or covered by the plugin)
   1  something needs attention (SGLang not in this interpreter, an unknown form,
      a broken form the plugin cannot cover, patch drift, both triton and
-     pytorch-triton-rocm installed)
+     pytorch-triton-rocm installed; with --load also: SGLang's function running
+     wrong on the probe batch, the source reading as another form than running it
+     shows, a patch that applies but whose result runs wrong)
   2  the audit failed (a file it cannot read or that is not the target's, a
      failing load_plugins(), a report it cannot print)
 
@@ -1108,8 +1132,13 @@ HOOK column: live / pending (hooked in this process, or waiting for aiter.fused_
 to be imported; --load), on load (the plugin hooks it when SGLang loads plugins),
 not ROCm (--load on a machine without ROCm torch: off here, hooks on ROCm),
 no loader (SGLang 0.5.10: apply the patch), off (disabled, or not installed),
-? (unknown form, or a --*-source file whose image cannot be seen), - (nothing
-to hook).
+not-needed / refused / error (--load: what the hook decided), ? (unknown form,
+or a --*-source file whose image cannot be seen), - (nothing to hook).
+
+--load runs SGLang's function on a small CPU batch as the plugin runs it here
+(or would on a ROCm machine), and runs the patched function before offering a
+patch: PATCH STATUS "not offered (fails the probe)" when the patch applies but
+its result runs wrong. The plain audit checks patches as text only.
 
 examples:
   sglang-amd-moe audit                  this environment, nothing imported
