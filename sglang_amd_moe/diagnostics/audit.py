@@ -541,8 +541,8 @@ class Seen:
 
 
 def _behaviour_shown(p: ProbeResult | None) -> str:
-    """The form upstream acts as ("" when the probe could not judge it: not run, or a
-    scenario raised on this CPU, which says nothing about HIP)."""
+    """The form upstream acts as ("" when the probe could not tell: not run, or a
+    scenario raised, so no form describes what it does)."""
     if p is None or not p.ran or any(o.raised for o in p.observations):
         return ""
     return p.behaviour
@@ -923,14 +923,13 @@ def _observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
 def _conclude(rep: TargetReport, view: PluginView | None) -> None:
     """Fill the verdict, the action line, and the patch's path and command."""
     v = _verdict(rep, view)
+    decided = False
     if rep.seen is not None:
         v = _behaviour_verdict(rep, v)
-        if rep.seen.decision is not None and rep.seen.decision.state in (
-            "live",
-            "pending",
-            "not-needed",
-        ):
-            rep.action = _plugin_action(rep.seen.decision)
+        decision = rep.seen.decision
+        decided = decision is not None and decision.state != "off"
+        if decided:  # --load: what the hook decided here (or would on ROCm), in its words
+            rep.action = _plugin_action(decision)
     rep.needs_attention, rep.covered, rep.hook, rep.reason = (
         v.attention,
         v.covered,
@@ -953,7 +952,7 @@ def _conclude(rep: TargetReport, view: PluginView | None) -> None:
             f"; {rep.patch} applies as text, but the function it makes is wrong on the probe "
             f"batch ({found}): not offered, the patch needs updating"
         )
-    if rep.form in BROKEN_FORMS and not rep.covered:
+    if rep.form in BROKEN_FORMS and not rep.covered and not decided:
         rep.action = f"none here; where the plugin loads: {rep.action}"
     if rep.patch and rep.patch_status != PATCH_FAILS_PROBE:  # a patch not offered has no path
         rep.patch_file = patching.patch_path(rep.patch)
