@@ -21,6 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_amd_moe.diagnostics import audit, patching
+from sglang_amd_moe.runtime import sglang_forms
+from sglang_amd_moe.runtime.hookstate import HookStatus
+from sglang_amd_moe.runtime.sglang_probe import Observation, ProbeResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -161,6 +164,10 @@ def test_source_mode_per_release(label: str, release_files: dict[str, Path]) -> 
         # The table prints the command on two lines that paste as one shell command.
         at = lines.index("        to patch the file instead:")
         assert " ".join(ln.strip() for ln in lines[at + 1 : at + 3]) == t["apply_command"]
+        # Nothing is run here: the patch was checked as text, and the output says so.
+        assert t["patch_probe"] is None
+        assert any(f"{t['patch']} is checked as text only" in n for n in t["notes"])
+        assert any("checked as text only" in ln for ln in lines)
 
 
 @pytest.mark.parametrize(
@@ -264,6 +271,12 @@ def test_unknown_form_needs_attention(release_files: dict[str, Path], tmp_path: 
     proc = run_cli("--json", "--sglang-source", str(p))
     (t,) = json.loads(proc.stdout)["targets"]
     assert t["form"] == "unknown" and proc.returncode == 1 and t["needs_attention"]
+    # What the plugin does with it: it decides by running the function (it does not
+    # just guard it), and the plain audit, which runs nothing, points at --load.
+    assert t["action"] == sglang_forms.ACTIONS["unknown"] and "by running it" in t["action"]
+    assert "hooks only what it sees wrong" in t["reason"], t["reason"]
+    assert "sglang-amd-moe audit --load" in t["reason"] and "by hand" in t["reason"]
+    assert t["hook"] == "?" and t["probe"] is None
 
 
 def test_aiter_source_mode() -> None:
@@ -592,3 +605,151 @@ def test_verdict_from_hook_status_after_load(
         assert v.reason.endswith(f"hook says {state}")
     if env.get("SGLANG_AMD_MOE_DISABLE"):
         assert "plugin disabled: SGLANG_AMD_MOE_DISABLE is set" in v.reason
+
+
+# --------------------------------------------------------------------------- behaviour
+
+
+def _probe(behaviour: str, right: bool, *findings: str, raised: str = "") -> ProbeResult:
+    obs = (Observation("eplb-off", right, findings, raised), Observation("eplb-on", right))
+    return ProbeResult(True, "", right, behaviour, findings, obs)
+
+
+_RIGHT = _probe("fixed", True)
+_WRONG = _probe("unknown", False, "eplb-off: padded ids out of range (16)")
+_LIVE = HookStatus("sglang", "live", "weights-only", "hooked", {"plan": None})
+_PREVIEW = HookStatus("sglang", "pending", "fixed", "hooked", {"preview": True})
+_LEFT = HookStatus("sglang", "not-needed", "fixed", "not hooked")
+
+
+@pytest.mark.parametrize(
+    ("form", "base", "seen", "attention", "hook", "words"),
+    [
+        # What runs is right and the source agrees: the verdict stands, and says so.
+        pytest.param(
+            "weights-only",
+            audit._ok("weights-only: covered: hook live", "live"),
+            audit.Seen("the hooked call", _RIGHT, _probe("weights-only", False), _LIVE),
+            False,
+            "live",
+            ("covered: hook live; running the hooked call on the probe batch shows it right",),
+            id="agree",
+        ),
+        # Right, but the source reads otherwise: a person must look.
+        pytest.param(
+            "weights-only",
+            audit._ok("weights-only: covered: hook live", "live"),
+            audit.Seen("the hooked call", _RIGHT, _probe("no-hip-handling", False), _LIVE),
+            True,
+            "live",
+            ("the source reads as weights-only", "running it shows no-hip-handling", "by hand"),
+            id="disagree",
+        ),
+        # The source reads fixed, and upstream runs wrong: never OK.
+        pytest.param(
+            "fixed",
+            audit._ok("fixed upstream"),
+            audit.Seen("upstream's function", _WRONG, _WRONG, _LEFT),
+            True,
+            "-",
+            ("fixed: running upstream's function", "shows it wrong", "padded ids out of range"),
+            id="fixed-runs-wrong",
+        ),
+        # Reads fixed, but on ROCm the plugin would hook it (behaviour wins): the cell
+        # says so, and the disagreement needs a look.
+        pytest.param(
+            "fixed",
+            audit._ok("fixed upstream"),
+            audit.Seen(
+                "the hooked call",
+                _RIGHT,
+                _probe("mask-under-eplb-guard", False),
+                _PREVIEW,
+                previewed=True,
+            ),
+            True,
+            "not ROCm",
+            ("the source reads as fixed", "running it shows mask-under-eplb-guard"),
+            id="fixed-hooked-on-rocm",
+        ),
+        # Unknown: the plugin decided by running it; still a look by hand.
+        pytest.param(
+            "unknown",
+            audit._needs("unknown: ...", "?"),
+            audit.Seen("the hooked call", _RIGHT, _probe("unknown", False), _LIVE),
+            True,
+            "live",
+            ("so the plugin decides by running it", "shows it right", "by hand"),
+            id="unknown-hooked",
+        ),
+        # A scenario that raised on the probe batch is not right.
+        pytest.param(
+            "fixed",
+            audit._ok("fixed upstream"),
+            audit.Seen(
+                "upstream's function",
+                _probe("unknown", False, "eplb-off: raised NameError: x", raised="NameError: x"),
+                None,
+                _LEFT,
+            ),
+            True,
+            "-",
+            ("raised NameError",),
+            id="raised",
+        ),
+        # Already needing attention (not covered): the run adds what it saw.
+        pytest.param(
+            "weights-only",
+            audit._needs("weights-only: not covered: plugin disabled", "off"),
+            audit.Seen("upstream's function", _WRONG, _WRONG, None),
+            True,
+            "off",
+            ("plugin disabled; running upstream's function", "nothing hooks it here"),
+            id="not-covered",
+        ),
+    ],
+)
+def test_behaviour_decides_after_load(
+    form: str, base: audit.Verdict, seen: audit.Seen, attention: bool, hook: str, words: tuple
+) -> None:
+    """What running the function showed (``--load``) only ever adds attention: what runs
+    must be right, and a source reading other than what running it shows needs a look."""
+    rep = audit._not_installed(audit.SGLANG)
+    rep.installed, rep.form, rep.reason, rep.seen = True, form, "the reader's reason", seen
+    v = audit._behaviour_verdict(rep, base)
+    assert (v.attention, v.hook) == (attention, hook), v
+    for w in words:
+        assert w in v.reason, (w, v.reason)
+
+
+def test_behaviour_not_run_keeps_the_source_verdict() -> None:
+    """Where the probe cannot run the function, the verdict is the source's, and a note
+    says why (the patch, if one applies, then stays checked as text)."""
+    for result, why in ((ProbeResult(False, "no TopKConfig"), "no TopKConfig"), (None, "no topk")):
+        rep = audit._not_installed(audit.SGLANG)
+        rep.installed, rep.form = True, "weights-only"
+        rep.patch, rep.patch_status = "sglang-weights-only.diff", patching.APPLIES
+        rep.seen = audit.Seen("the function", result, None, None, why=why)
+        base = audit._ok("weights-only: covered", "live")
+        assert audit._behaviour_verdict(rep, base) == base
+        (note,) = rep.notes
+        assert why in note and "rests on the source" in note
+        assert "sglang-weights-only.diff is checked as text only" in note
+
+
+def test_patch_that_fails_the_probe_is_not_offered() -> None:
+    """A patch that applies as text but whose patched function the probe finds wrong:
+    no path, no command, attention, and the probe's findings."""
+    rep = audit._not_installed(audit.SGLANG)
+    rep.installed, rep.form, rep.file = True, "weights-only", "/x/topk.py"
+    rep.patch, rep.patch_status = "sglang-weights-only.diff", audit.PATCH_FAILS_PROBE
+    rep.patch_probe = {"ran": True, "right": False, "findings": ["eplb-on: raised NameError"]}
+    rep.status = HookStatus("sglang", "live", "weights-only", "hooked")
+    view = audit._plugin_view()
+    view.loaded = True
+    audit._conclude(rep, view)
+    assert rep.needs_attention and rep.patch_file is None and rep.apply_command is None
+    assert "not offered, the patch needs updating" in rep.reason
+    assert "eplb-on: raised NameError" in rep.reason
+    text = audit.render_table([rep], 1, view)
+    assert "not offered (fails the probe)" in text and "to patch the file instead" not in text

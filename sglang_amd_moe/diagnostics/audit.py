@@ -12,8 +12,8 @@ It reads source files (regular files only, at most :data:`MAX_SOURCE_BYTES`) and
 imports SGLang or aiter to classify them (files are found with
 ``importlib.util.find_spec`` on the top-level package, which does not run it), so it
 works without ROCm, without aiter and without torch. Only ``--load`` imports SGLang, to
-run its real ``sglang.srt.plugins.load_plugins()`` and read each hook's ``status()``
-(a :class:`~sglang_amd_moe.runtime.hookstate.HookStatus`).
+run its real ``sglang.srt.plugins.load_plugins()``, read each hook's ``status()`` (a
+:class:`~sglang_amd_moe.runtime.hookstate.HookStatus`) and run SGLang's function.
 
 Exit status: 0 when the audit found its targets and nothing needs action, 1 when
 something needs attention, 2 when the audit itself failed (a file it cannot read or
@@ -35,10 +35,27 @@ Per target, in this order (:func:`_verdict`):
   the verdict is what this software does on the AMD machine it is for (a note says
   when this machine is not one). A file given with ``--*-source`` is never covered:
   that image's plugin cannot be seen from here.
-* any other form: upstream-fixed forms need nothing; ``unknown`` and SGLang's
-  ``absent`` need attention.
+* any other form: upstream-fixed forms need nothing; SGLang's ``absent`` needs
+  attention; so does ``unknown`` (for SGLang the plugin decides it by running the
+  function and hooks only what it sees wrong; a person should still read it).
 
-Drift (the form's patch no longer applies) needs attention whatever the above says.
+The plain audit runs no code, so its verdict rests on the source reader. With
+``--load`` the SGLang verdict also rests on what the code does (:func:`_observe_sglang`,
+:func:`_behaviour_verdict`): ``_post_process_topk_ids`` runs on ``sglang_probe``'s CPU
+batch (padded rows holding garbage, EPLB off and on, the HIP branch taken for the probe
+only) as what runs here (the hooked call where the hook is live; upstream where nothing
+hooks it, topk imported for it where plugins did not) or, where the hook is off only
+because torch is not a ROCm build, as what the plugin does on a ROCm machine
+(``sglang_hook.preview()``). What runs must be right; where the source reads as another
+form than running it shows, that needs attention too, said plainly; where the probe
+cannot run it, a note says so and the source's verdict stands. Running it never makes
+a verdict OK that the source alone would not.
+
+Drift (the form's patch no longer applies) needs attention whatever the above says, in
+both modes alike. The plain audit checks a patch as text (and says so); with ``--load``
+the SGLang patch is also applied in memory and run on the probe batch before it is
+offered: one that applies but comes out wrong reads :data:`PATCH_FAILS_PROBE`, with no
+path or command, and needs attention (the patch needs updating).
 """
 
 from __future__ import annotations
@@ -56,13 +73,16 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_amd_moe.diagnostics import patching
 from sglang_amd_moe.diagnostics.cli import OutputError, write_stdout
 from sglang_amd_moe.runtime import aiter_forms, sglang_forms
 from sglang_amd_moe.runtime import env as _env
 from sglang_amd_moe.runtime.hookstate import HookStatus
+
+if TYPE_CHECKING:  # the plain audit imports no runtime beyond the readers
+    from sglang_amd_moe.runtime.sglang_probe import ProbeResult
 
 #: Keys every target has in ``--json`` output, first and in this order (more follow).
 JSON_KEYS = (
@@ -85,6 +105,7 @@ _HOOK_MODULES = {
     AITER: "sglang_amd_moe.runtime.aiter_hook",
 }
 SGLANG_REL = Path("srt/layers/moe/topk.py")
+TOPK_MODULE = "sglang.srt.layers.moe.topk"
 AITER_REL = Path("fused_moe.py")
 OUR_SGLANG_EP = "sglang_amd_moe.runtime.plugin:register"
 OUR_VLLM_EP = "sglang_amd_moe.runtime.plugin:register_vllm"
@@ -97,7 +118,11 @@ GOOD_FORMS: dict[tuple[str, str], str] = {
     (AITER, "count-honored"): "aiter already honours num_local_tokens",
     (AITER, "absent"): "this aiter has no MXFP4 aux sort",
 }
-#: Forms the plugin hooks to fix (``unknown`` only gets a guard and always needs attention).
+#: ``patch_status`` (``--load``) of a patch that applies as text but whose patched
+#: function the probe finds wrong: it is not offered (no path, no command).
+PATCH_FAILS_PROBE = "not offered (fails the probe)"
+#: Forms the plugin hooks to fix. (``unknown`` is not one: the plugin decides it by
+#: running the function, and the audit asks for a look by hand.)
 BROKEN_FORMS = {
     "no-hip-handling",
     "weights-only",
@@ -140,15 +165,21 @@ class TargetReport:
     apply_command: str | None = None
     notes: list[str] = field(default_factory=list)
     installed: bool = True
+    #: ``--load``, SGLang: what running the function on the probe batch showed
+    #: (:meth:`Seen.to_json`; None: nothing was run).
+    probe: dict | None = None
+    #: ``--load``, SGLang: the probe of the patched function, where a patch applies.
+    patch_probe: dict | None = None
     # Not in the JSON document.
     source: str = field(default="", repr=False)
     status: HookStatus | None = field(default=None, repr=False)
+    seen: Seen | None = field(default=None, repr=False)
 
     def to_json(self) -> dict:
         d = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("source", "status")
+            if f.name not in ("source", "status", "seen")
         }
         d["notes"] = list(self.notes)
         return {**{k: d.pop(k) for k in JSON_KEYS}, **d}
@@ -467,6 +498,215 @@ def _platform_gate_closed() -> bool:
     return not _env.forced() and _torch_is_rocm() is not True
 
 
+# ------------------------------------------------------------------------ behaviour (--load)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """``--load``: what SGLang's ``_post_process_topk_ids`` did on the probe's CPU batch
+    (``sglang_probe``: padded rows holding garbage, EPLB off and on, the HIP branch taken
+    for the probe only).
+
+    The source reader cannot be sure of everything a release may write; where the audit
+    can run the code, what it does decides, as it does for the hook."""
+
+    #: What ran, in words.
+    of: str
+    #: The probe of what runs (None: nothing could be run, see ``why``).
+    result: ProbeResult | None
+    #: The probe of upstream's function alone: its ``behaviour`` names the form it acts as.
+    upstream: ProbeResult | None
+    #: The plugin's decision the run reflects (None: nothing decides here).
+    decision: HookStatus | None
+    #: The decision is a preview (``sglang_hook.preview()``): what a ROCm machine does.
+    previewed: bool = False
+    why: str = ""
+
+    @property
+    def hooks(self) -> bool:
+        return self.decision is not None and self.decision.hooked
+
+    def to_json(self) -> dict:
+        r = self.result
+        return {
+            "of": self.of,
+            "ran": bool(r is not None and r.ran),
+            "right": bool(r is not None and r.correct),
+            "behaviour": _behaviour_shown(self.upstream),
+            "findings": list(r.findings) if r is not None else [],
+            "why": (r.why if r is not None and not r.ran else self.why),
+            "plugin": self.decision.state if self.decision is not None else None,
+            "previewed": self.previewed,
+        }
+
+
+def _behaviour_shown(p: ProbeResult | None) -> str:
+    """The form upstream acts as ("" when the probe could not tell: not run, or a
+    scenario raised, so no form describes what it does)."""
+    if p is None or not p.ran or any(o.raised for o in p.observations):
+        return ""
+    return p.behaviour
+
+
+def _probe_json(p: ProbeResult) -> dict:
+    return {"ran": p.ran, "right": p.correct, "findings": list(p.findings), "why": p.why}
+
+
+def _import_topk() -> tuple[Any, str]:
+    """(SGLang's topk module, "") or (None, why it does not import here)."""
+    try:
+        return importlib.import_module(TOPK_MODULE), ""
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit from an import included
+        return None, f"{TOPK_MODULE} does not import here ({type(exc).__name__}: {exc})"
+
+
+def _observe_sglang(rep: TargetReport, view: PluginView) -> None:
+    """``--load``: run ``_post_process_topk_ids`` on the probe batch as what runs here
+    (the hooked call where the hook is live, upstream where nothing is hooked) or, where
+    the hook is off only because torch is not a ROCm build, as what the plugin does on a
+    ROCm machine (``sglang_hook.preview()``); then check the form's patch by running the
+    patched function before offering it (:func:`_check_patch`)."""
+    from sglang_amd_moe.runtime import sglang_hook
+
+    st = rep.status
+    first = None
+    if (
+        view.loaded
+        and st is not None
+        and (st.state == "pending" or (st.state == "off" and _platform_gate_closed()))
+    ):
+        # Before the audit imports topk: what a server process decides when it loads
+        # plugins (where topk's file reads fixed, the file decides without importing it).
+        first = sglang_hook.preview()
+    module, why = _import_topk()
+    if module is None or not callable(getattr(module, sglang_forms.FUNCTION_NAME, None)):
+        why = why or f"{TOPK_MODULE} has no callable {sglang_forms.FUNCTION_NAME}"
+        decision = first.status if first is not None else st
+        rep.seen = Seen("the function", None, None, decision, first is not None, why)
+        rep.probe = rep.seen.to_json()
+        return
+    now = None if _env.disabled() else sglang_hook.preview()  # topk imported: probed
+    upstream = now.upstream if now is not None else None
+    if upstream is None and not sglang_hook.is_live():
+        upstream = sglang_hook.observe()  # the plugin is disabled: upstream is what runs
+    if st is not None and st.state == "live":
+        seen = Seen("the hooked call", sglang_hook.observe(), upstream, st)
+    elif first is not None and first.status.hooked:
+        of = "the hooked call (as the plugin makes it on a ROCm machine)"
+        seen = Seen(of, first.hooked, upstream, first.status, True)
+    elif first is not None:
+        seen = Seen("upstream's function", upstream, upstream, first.status, True)
+    else:
+        seen = Seen("upstream's function", upstream, upstream, st)
+    rep.seen, rep.probe = seen, seen.to_json()
+    if rep.patch and rep.patch_status == patching.APPLIES:
+        _check_patch(rep, module, upstream)
+
+
+def _check_patch(rep: TargetReport, module: Any, upstream: ProbeResult | None) -> None:
+    """Run the function the form's patch produces (applied in memory to the installed
+    text, over a copy of the live module's globals) on the probe batch: a patch that
+    applies as text but comes out wrong is not offered. Where the probe cannot run the
+    installed function here either, the patch stays checked as text, and a note says so."""
+    from sglang_amd_moe.runtime import sglang_probe
+
+    assert rep.patch is not None  # noqa: S101 - checked by the caller
+    patched = patching.apply_text(rep.source, patching.read_patch(rep.patch))
+    report = sglang_forms.analyze_source(patched)
+    predicates = tuple(sorted(sglang_forms.REMAP_PREDICATES | ({report.remap_predicate} - {""})))
+    result = sglang_probe.probe_source(
+        module, patched, hip_flags=report.hip_flags, predicates=predicates
+    )
+    rep.patch_probe = _probe_json(result)
+    if result.correct:
+        return
+    if not result.ran and (upstream is None or not upstream.ran):
+        rep.notes.append(
+            f"{rep.patch} could not be run here ({result.why}): it is checked as text only"
+        )
+        return
+    rep.patch_status = PATCH_FAILS_PROBE
+
+
+def _plugin_action(st: HookStatus | None) -> str:
+    """What the SGLang hook does (or would do on ROCm), in the audit's words."""
+    if st is None:
+        return "nothing hooks it here"
+    plan = st.detail.get("plan")
+    if st.hooked and isinstance(plan, dict):
+        from sglang_amd_moe.runtime.sglang_hook import Plan
+
+        # An unknown form's plan in its own words (the form's standard text says only
+        # that the plugin decides by running it).
+        return Plan(**plan).describe("" if st.form in (None, "unknown") else st.form)
+    if st.state != "not-needed":
+        return st.message
+    action = sglang_forms.ACTIONS.get(st.form or "", "not hooked")
+    probe = st.detail.get("probe")
+    if isinstance(probe, dict) and not probe.get("ran", True):
+        action += f" (decided from the source: {probe.get('why') or 'the probe did not run'})"
+    return action
+
+
+def _behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
+    """``--load``: the verdict with what running the function showed. It only ever adds
+    attention: what runs must be right, and where the source reads as something other
+    than what running it shows (or reads as ``unknown``), a person must look, because
+    the plain audit, ``--sglang-source`` and the patches go by the source."""
+    seen = rep.seen
+    assert seen is not None  # noqa: S101 - checked by the caller
+    result = seen.result
+    if result is None or not result.ran:
+        why = result.why if result is not None else seen.why
+        patch = ""
+        if rep.patch_status == patching.APPLIES and rep.patch_probe is None:
+            patch = f", and {rep.patch} is checked as text only"
+        rep.notes.append(
+            f"the probe could not run {seen.of} here ({why}): the verdict rests on the "
+            f"source{patch}"
+        )
+        return base
+    hook, decision = base.hook, seen.decision
+    if hook in ("-", "?") and decision is not None:  # the HOOK cell says what was decided
+        if decision.hooked:
+            hook = "not ROCm" if seen.previewed else decision.state
+        elif hook == "?":
+            hook = "-" if decision.state == "not-needed" else decision.state
+    plugin = _plugin_action(seen.decision)
+    if seen.decision is not None:
+        plugin = f"{'on a ROCm machine ' if seen.previewed else ''}the plugin: {plugin}"
+    if not result.correct:
+        found = "; ".join(result.findings[:3]) or result.behaviour
+        wrong = f"running {seen.of} on the probe batch shows it wrong ({found}); {plugin}"
+        if base.attention:
+            return Verdict(True, False, hook, f"{base.reason}; {wrong}")
+        return _needs(f"{rep.form}: {wrong}", hook)
+    covered = base.covered or seen.hooks
+    right = f"running {seen.of} on the probe batch shows it right"
+    shown = _behaviour_shown(seen.upstream)
+    if rep.form == "unknown":
+        acts = f"upstream acts as {shown}; " if shown and shown != "unknown" else ""
+        return Verdict(
+            True,
+            covered,
+            hook,
+            f"unknown: the source reads as none of the known forms ({rep.reason}), so the "
+            f"plugin decides by running it: {acts}{plugin}; {right}; check this function by hand",
+        )
+    if shown and shown != rep.form:
+        return Verdict(
+            True,
+            covered,
+            hook,
+            f"the source reads as {rep.form} ({rep.reason}) but running it shows {shown}; "
+            f"{plugin}; {right}. The plain audit, --sglang-source and the patches go by the "
+            "source: check this function by hand",
+        )
+    return dataclasses.replace(base, reason=f"{base.reason}; {right}")
+
+
 # ------------------------------------------------------------------------ per target
 
 
@@ -604,7 +844,16 @@ def _verdict(rep: TargetReport, view: PluginView | None) -> Verdict:
             f"{rep.reason}: an SGLang older than any this package knows (0.5.9 or earlier?); "
             "neither the plugin nor a patch covers it"
         )
-    return _needs(f"unrecognised form ({rep.reason}): check this function by hand", "?")
+    if rep.target == SGLANG:
+        return _needs(
+            f"unknown: the source reads as none of the known forms ({rep.reason}); where the "
+            "plugin loads, it runs the function on a CPU batch and hooks only what it sees "
+            "wrong (`sglang-amd-moe audit --load` runs it here); check this function by hand",
+            "?",
+        )
+    return _needs(
+        f"unrecognised form ({rep.reason}): the plugin leaves it alone; check it by hand", "?"
+    )
 
 
 def _missing(rep: TargetReport, view: PluginView | None) -> Verdict:
@@ -674,6 +923,13 @@ def _observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
 def _conclude(rep: TargetReport, view: PluginView | None) -> None:
     """Fill the verdict, the action line, and the patch's path and command."""
     v = _verdict(rep, view)
+    decided = False
+    if rep.seen is not None:
+        v = _behaviour_verdict(rep, v)
+        decision = rep.seen.decision
+        decided = decision is not None and decision.state != "off"
+        if decided:  # --load: what the hook decided here (or would on ROCm), in its words
+            rep.action = _plugin_action(decision)
     rep.needs_attention, rep.covered, rep.hook, rep.reason = (
         v.attention,
         v.covered,
@@ -687,12 +943,32 @@ def _conclude(rep: TargetReport, view: PluginView | None) -> None:
         rep.reason += (
             f"; but {rep.patch} does not apply to this file (drift): the patch needs updating"
         )
-    if rep.form in BROKEN_FORMS and not rep.covered:
+    if rep.patch_status == PATCH_FAILS_PROBE:
+        found = "; ".join((rep.patch_probe or {}).get("findings", [])[:3]) or (
+            (rep.patch_probe or {}).get("why") or "wrong"
+        )
+        rep.needs_attention = True
+        rep.reason += (
+            f"; {rep.patch} applies as text, but the function it makes is wrong on the probe "
+            f"batch ({found}): not offered, the patch needs updating"
+        )
+    if rep.form in BROKEN_FORMS and not rep.covered and not decided:
         rep.action = f"none here; where the plugin loads: {rep.action}"
-    if rep.patch:
+    if rep.patch and rep.patch_status != PATCH_FAILS_PROBE:  # a patch not offered has no path
         rep.patch_file = patching.patch_path(rep.patch)
         if rep.patch_status == patching.APPLIES and rep.file:
             rep.apply_command = patching.apply_command(rep.file, rep.patch)
+            if rep.patch_probe is not None and rep.patch_probe.get("right"):
+                rep.notes.append(
+                    f"{rep.patch} was run before it is offered: the function it makes is "
+                    "right on the probe batch"
+                )
+            if rep.target == SGLANG and rep.seen is None:
+                rep.notes.append(
+                    f"{rep.patch} is checked as text only (it applies): `sglang-amd-moe audit "
+                    "--load`, run where this SGLang is installed, also runs the patched "
+                    "function on a CPU batch before offering it"
+                )
 
 
 # ------------------------------------------------------------------------ diff
@@ -845,7 +1121,9 @@ exit status:
      or covered by the plugin)
   1  something needs attention (SGLang not in this interpreter, an unknown form,
      a broken form the plugin cannot cover, patch drift, both triton and
-     pytorch-triton-rocm installed)
+     pytorch-triton-rocm installed; with --load also: SGLang's function running
+     wrong on the probe batch, the source reading as another form than running it
+     shows, a patch that applies but whose result runs wrong)
   2  the audit failed (a file it cannot read or that is not the target's, a
      failing load_plugins(), a report it cannot print)
 
@@ -853,8 +1131,13 @@ HOOK column: live / pending (hooked in this process, or waiting for aiter.fused_
 to be imported; --load), on load (the plugin hooks it when SGLang loads plugins),
 not ROCm (--load on a machine without ROCm torch: off here, hooks on ROCm),
 no loader (SGLang 0.5.10: apply the patch), off (disabled, or not installed),
-? (unknown form, or a --*-source file whose image cannot be seen), - (nothing
-to hook).
+not-needed / refused / error (--load: what the hook decided), ? (unknown form,
+or a --*-source file whose image cannot be seen), - (nothing to hook).
+
+--load runs SGLang's function on a small CPU batch as the plugin runs it here
+(or would on a ROCm machine), and runs the patched function before offering a
+patch: PATCH STATUS "not offered (fails the probe)" when the patch applies but
+its result runs wrong. The plain audit checks patches as text only.
 
 examples:
   sglang-amd-moe audit                  this environment, nothing imported
@@ -924,6 +1207,8 @@ def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], 
         if args.load:
             _run_load_plugins(view)
         reports = [_audit_installed(target, view) for target in (SGLANG, AITER)]
+        if args.load and reports[0].installed and reports[0].form != "absent":
+            _observe_sglang(reports[0], view)
     for rep in reports:
         _conclude(rep, view)
     problems = view.problems if view is not None else []

@@ -87,7 +87,9 @@ __all__ = [
     "decide",
     "install",
     "is_live",
+    "Preview",
     "observe",
+    "preview",
     "remap_enabled",
     "status",
     "uninstall",
@@ -394,6 +396,65 @@ def observe() -> ProbeResult | None:
     )
 
 
+@dataclass(frozen=True)
+class Preview:
+    """What :func:`install` would decide in this process if the platform allowed it.
+
+    ``status`` is the :class:`HookStatus` install() would return, except that a plan it
+    would apply reads ``pending`` with ``detail["preview"]`` True (nothing is applied).
+    ``upstream`` is the probe of upstream's function alone, as the decision ran it (None:
+    not run, e.g. topk not imported while its file reads fixed: the file decides, as in a
+    server process). ``hooked`` is the probe of the plan's hooked call (None: no plan).
+    """
+
+    status: HookStatus
+    upstream: ProbeResult | None = None
+    hooked: ProbeResult | None = None
+
+    @property
+    def running(self) -> ProbeResult | None:
+        """The probe of what would run: the hooked call where a plan is decided, else
+        upstream."""
+        return self.hooked if self.status.hooked else self.upstream
+
+
+def preview() -> Preview:
+    """What the hook would do here on a ROCm machine: the path :func:`install` takes
+    (read, decide, check the plan's hooked call on the probe batch), ignoring only the
+    platform gate (``SGLANG_AMD_MOE_DISABLE`` still turns it off), applying nothing.
+
+    Why: off ROCm the hook stays off, yet the audit must say whether what it would do
+    there comes out right, with the code installed here. Nothing in this module's state,
+    SGLang's registry or the topk module changes, and nothing is logged; like install(),
+    it imports SGLang's topk module where the decision needs it (and this package's
+    kernels where a plan is decided). Never raises."""
+    try:
+        out = _decide(platform_gate=False)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a preview must never take its caller down
+        logger.debug("sglang-amd-moe: preview failed", exc_info=True)
+        return Preview(
+            _status("error", None, f"sglang-amd-moe: previewing {TARGET} failed ({exc!r})")
+        )
+    facts, call = out.facts, out.call
+    upstream = facts.inputs.observed if facts is not None else None
+    if call is None or facts is None:
+        assert out.status is not None  # noqa: S101 - an outcome without a call has a status
+        return Preview(out.status, upstream)
+    checked = facts.checked  # the plan's own check, where the decision ran one
+    if checked is None:  # the plan stands unchecked (nothing usable observed): run it now
+        checked = probe(
+            facts.upstream,
+            hip_flags=call.hip_flags,
+            predicates=facts.predicates,
+            wrap=_wrap_for_probe(call),
+        )
+    status = _final(facts, "pending", out.form, call.plan.describe(out.form), out.notes)
+    status = dataclasses.replace(status, detail={**status.detail, "preview": True})
+    return Preview(status, upstream, checked)
+
+
 # --- statuses --------------------------------------------------------------------------
 
 
@@ -441,35 +502,59 @@ class _Facts:
     upstream: Callable[..., Any]  # under every wrapper
     inputs: Inputs
     predicates: tuple[str, ...]
+    #: The probe of the last hooked call :func:`_checked_call` tried (None: none tried).
+    checked: ProbeResult | None = None
 
 
-def _install_locked() -> HookStatus:
-    facts = _read()
+@dataclass(frozen=True)
+class _Outcome:
+    """How a decision ends: a checked plan to apply (``call``), or the status that ends
+    it with nothing to apply (``status``), with what was read on the way (``facts``: None
+    when it ended before the function was read)."""
+
+    status: HookStatus | None = None
+    facts: _Facts | None = None
+    call: _Call | None = None
+    form: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _decide(*, platform_gate: bool = True) -> _Outcome:
+    """Read, decide, and check the plan's hooked call: the path :func:`install` and
+    :func:`preview` share. Applies nothing and changes no state of this module."""
+    facts = _read(platform_gate=platform_gate)
     if isinstance(facts, HookStatus):
-        return facts
+        return _Outcome(facts)
     decision = decide(facts.inputs)
     form = form_of(facts.inputs)
     notes = _notes(facts, form)
+
+    def end(state: str, action: str) -> _Outcome:
+        return _Outcome(_final(facts, state, form, action, notes), facts, None, form, notes)
+
     if isinstance(decision, Refusal):
         facts.detail["plan"] = None
-        return _final(facts, decision.state, form, decision.reason, notes)
+        return end(decision.state, decision.reason)
     try:
         from sglang_amd_moe.kernels import mask_padded_rows_
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001
         why = f"sglang_amd_moe.kernels.mask_padded_rows_ unavailable ({type(exc).__name__}: {exc})"
-        return _final(facts, "error", form, f"{why}; SGLang left untouched", notes)
+        return end("error", f"{why}; SGLang left untouched")
     call = _checked_call(facts, decision, mask_padded_rows_)
     if isinstance(call, str):
-        return _final(
-            facts,
-            "refused",
-            form,
-            f"refused: no plan makes it right ({call}); SGLang left untouched",
-            notes,
-        )
+        return end("refused", f"refused: no plan makes it right ({call}); SGLang left untouched")
     facts.detail["plan"] = dataclasses.asdict(call.plan)
+    return _Outcome(None, facts, call, form, notes)
+
+
+def _install_locked() -> HookStatus:
+    out = _decide()
+    if out.call is None or out.facts is None:
+        assert out.status is not None  # noqa: S101 - an outcome without a call has a status
+        return out.status
+    facts, call, notes = out.facts, out.call, out.notes
     _state.active, _state.call_error_logged = (call, _LiveEnv(call)), False
     try:
         how = "already hooked" if is_live() else _apply(facts.module, facts.live)
@@ -481,7 +566,8 @@ def _install_locked() -> HookStatus:
         notes.append("SGLANG_AMD_MOE_VERIFY=1: padded rows checked after every call")
     if how:
         notes.append(how)
-    return _final(facts, "live" if is_live() else "pending", form, call.plan.describe(form), notes)
+    state = "live" if is_live() else "pending"
+    return _final(facts, state, out.form, call.plan.describe(out.form), notes)
 
 
 def _final(facts: _Facts, state: str, form: str, action: str, notes: list[str]) -> HookStatus:
@@ -490,16 +576,16 @@ def _final(facts: _Facts, state: str, form: str, action: str, notes: list[str]) 
     )
 
 
-def _read() -> _Facts | HookStatus:
+def _read(*, platform_gate: bool = True) -> _Facts | HookStatus:
     """Everything the decision rests on, or the status that ends it early (disabled, not
-    ROCm, no SGLang, a file that reads fixed while topk is not imported, an import that
-    fails, no function)."""
+    ROCm unless ``platform_gate`` is False, no SGLang, a file that reads fixed while topk
+    is not imported, an import that fails, no function)."""
     if _env.disabled():
         return _status(
             "off", None, "sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked"
         )
     allowed, why = _env.platform_reason()
-    if not allowed:
+    if platform_gate and not allowed:
         return _status("off", None, f"sglang-amd-moe: {why}; nothing hooked")
     version, path = _sglang_version(), _topk_path()
     head = f"sglang-amd-moe: sglang {version} {FUNCTION_NAME}"
@@ -578,6 +664,7 @@ def _checked_call(facts: _Facts, plan: Plan, mask: Callable[..., None]) -> _Call
         )
         tried.append(_probe_detail(checked))
         facts.detail["probe_hooked"] = tried
+        facts.checked = checked
         if checked.correct:
             return call
     return "; ".join(checked.findings[:3]) or checked.why

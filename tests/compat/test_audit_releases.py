@@ -32,11 +32,14 @@ def _release(label: str) -> releases.Release:
 def _audit(
     rel: releases.Release, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SGLANG_AMD_MOE_DISABLE", "SGLANG_AMD_MOE_FORCE", "SGLANG_PLUGINS")
-    }
+    # TRITON_INTERPRET: set for this suite's kernel tests, not in a user's environment.
+    dropped = (
+        "SGLANG_AMD_MOE_DISABLE",
+        "SGLANG_AMD_MOE_FORCE",
+        "SGLANG_PLUGINS",
+        "TRITON_INTERPRET",
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in dropped}
     return subprocess.run(
         [str(rel.python), "-m", "sglang_amd_moe", "audit", *args],
         capture_output=True,
@@ -69,6 +72,9 @@ def test_audit_matches_expected_form(label: str) -> None:
         assert sg["patch_status"] is None and sg["hook"] == "-"
     else:
         assert sg["patch_status"] == patching.APPLIES
+        # The plain audit runs nothing: it says the patch was checked as text only.
+        assert any("checked as text only" in n for n in sg["notes"]), sg["notes"]
+    assert sg["probe"] is None and sg["patch_probe"] is None
     if not rel.has_plugin_loader:
         # 0.5.10: the plugin cannot load; the audit says so and gives the command to patch.
         assert sg["hook"] == "no loader"
@@ -92,26 +98,64 @@ def test_audit_matches_expected_form(label: str) -> None:
     assert text.stdout.rstrip().endswith(f"(exit {rel.expected_audit_exit})")
 
 
+_LOADS: dict[tuple[str, bool], tuple[int, dict]] = {}
+
+
+def _load(rel: releases.Release, *, force: bool) -> tuple[int, dict]:
+    """(exit status, JSON document) of ``audit --json --load`` in the release's
+    interpreter, with ``SGLANG_AMD_MOE_FORCE=1`` or without; one run per release and
+    setting, shared by the tests below (each imports SGLang: 10-40 s on a loaded 2-core
+    machine). Without a plugin loader FORCE changes nothing: one run serves both."""
+    key = (rel.label, force and rel.has_plugin_loader)
+    if key not in _LOADS:
+        env = {"SGLANG_AMD_MOE_FORCE": "1"} if key[1] else {}
+        proc = _audit(rel, "--json", "--load", env=env)
+        assert proc.stdout, proc.stderr[-3000:]
+        doc = json.loads(proc.stdout)
+        assert proc.returncode == doc["exit_status"]
+        _LOADS[key] = (proc.returncode, doc)
+    return _LOADS[key]
+
+
 @pytest.mark.sglang
 @pytest.mark.parametrize("label", CI)
 def test_audit_after_real_load_plugins(label: str) -> None:
     rel = _release(label)
-    proc = _audit(rel, "--json", "--load", env={"SGLANG_AMD_MOE_FORCE": "1"})
-    assert proc.stdout, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
+    code, doc = _load(rel, force=True)
     sg = _sglang(doc)
     assert sg["form"] == rel.expected_form
+    probe = sg["probe"]
     if not rel.has_plugin_loader:
-        assert proc.returncode == 1 and sg["hook"] == "no loader" and sg["hook_live"] is False
+        assert code == 1 and sg["hook"] == "no loader" and sg["hook_live"] is False
+        # Nothing hooks it: upstream's function is what runs. Where its module imports
+        # here it runs wrong; where it does not, the audit says so and keeps to the source.
+        if probe["ran"]:
+            assert not probe["right"] and probe["behaviour"] == rel.expected_form, probe
+            assert sg["patch_probe"]["right"] and sg["patch_status"] == patching.APPLIES
+        else:
+            assert any("the probe could not run" in n for n in sg["notes"]), sg["notes"]
+            assert sg["patch_status"] == patching.APPLIES and sg["patch_probe"] is None
     elif rel.expected_form == "fixed":
-        assert proc.returncode == 0 and sg["hook_live"] is False
+        assert code == 0 and sg["hook_live"] is False
+        # Its file reads fixed, so the plugin decides without importing topk; the audit
+        # imports it and runs upstream's function: it must come out right.
+        assert probe["of"] == "upstream's function" and probe["plugin"] == "not-needed"
+        assert probe["ran"] and probe["right"] and probe["behaviour"] == "fixed", probe
+        assert "on the probe batch shows it right" in sg["reason"]
     else:
         assert sg["hook_live"] is True and sg["hook"] == "live" and sg["hook_state"] == "live", sg[
             "reason"
         ]
-        assert proc.returncode == 0
+        assert code == 0
+        # The hooked call, run on the probe batch, is right; upstream alone acts as its form.
+        assert probe["of"] == "the hooked call" and probe["ran"] and probe["right"], probe
+        assert probe["behaviour"] == rel.expected_form and not probe["previewed"]
+        # The patch was run before it was offered.
+        assert sg["patch_probe"] == {"ran": True, "right": True, "findings": [], "why": ""}
+        assert sg["patch_status"] == patching.APPLIES and sg["apply_command"]
     # FORCE=1 made the hook live: no note may say the plugin stays off here.
-    assert not any("stays off" in n for n in doc["notes"]), doc["notes"]
+    if rel.has_plugin_loader:
+        assert not any("stays off" in n for n in doc["notes"]), doc["notes"]
     # Disabled on a broken form: needs attention, and the audit says why.
     if rel.has_plugin_loader and rel.expected_form != "fixed":
         off = _audit(rel, "--json", env={"SGLANG_AMD_MOE_DISABLE": "1"})
@@ -144,12 +188,13 @@ AGREE = [
 def test_load_and_plain_audit_agree_off_rocm(label: str) -> None:
     """On a machine without ROCm torch and without FORCE, load_plugins() calls the plugin
     and its hook stays off: `--load` gives the same verdict as the plain audit (what the
-    software does on ROCm), with a HOOK cell that says why nothing is hooked here."""
+    software does on ROCm), drift and patch included, with a HOOK cell that says why
+    nothing is hooked here; and it runs what the plugin would run on ROCm."""
     rel = _release(label)
-    plain, loaded = _audit(rel, "--json"), _audit(rel, "--json", "--load")
-    assert loaded.stdout, loaded.stderr[-3000:]
-    p_doc, l_doc = json.loads(plain.stdout), json.loads(loaded.stdout)
-    assert plain.returncode == loaded.returncode == rel.expected_audit_exit
+    plain = _audit(rel, "--json")
+    code, l_doc = _load(rel, force=False)
+    p_doc = json.loads(plain.stdout)
+    assert plain.returncode == code == rel.expected_audit_exit
     p, lo = _sglang(p_doc), _sglang(l_doc)
     for key in (
         "form",
@@ -162,6 +207,12 @@ def test_load_and_plain_audit_agree_off_rocm(label: str) -> None:
     ):
         assert p[key] == lo[key], (key, p[key], lo[key])
     assert p_doc["notes"] == l_doc["notes"]
+    assert p["probe"] is None and p["patch_probe"] is None  # the plain audit runs nothing
     if rel.has_plugin_loader and rel.expected_form != "fixed":
         assert lo["hook"] == "not ROCm" and lo["hook_state"] == "off" and lo["hook_live"] is False
         assert "load_plugins() called the plugin" in lo["reason"]
+        # What the plugin does on a ROCm machine, previewed here and run on the probe batch.
+        probe = lo["probe"]
+        assert probe["previewed"] and probe["plugin"] == "pending" and probe["right"], probe
+        assert probe["of"].startswith("the hooked call") and probe["behaviour"] == rel.expected_form
+        assert lo["patch_probe"]["right"]
