@@ -753,3 +753,36 @@ def test_patch_that_fails_the_probe_is_not_offered() -> None:
     assert "eplb-on: raised NameError" in rep.reason
     text = audit.render_table([rep], 1, view)
     assert "not offered (fails the probe)" in text and "to patch the file instead" not in text
+
+
+@pytest.mark.parametrize(
+    ("version", "words"),
+    [("3.2.0", "older than 3.3"), (None, "not installed"), ("nightly", "cannot be read")],
+)
+def test_triton_the_kernels_cannot_use_blocks_the_predicted_hook(
+    monkeypatch: pytest.MonkeyPatch, version: str | None, words: str
+) -> None:
+    # The plugin loads, but its gate keeps every hook off below Triton 3.3: a broken
+    # form is then not covered, and the audit says why.
+    monkeypatch.setattr(audit._env, "triton_version", lambda: version)
+    covered, cell, why = audit._predicted(audit.Route("SGLang"))
+    assert (covered, cell) == (False, "Triton")
+    assert words in why and "hooks nothing" in why
+
+
+def test_supported_triton_keeps_the_predicted_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(audit._env, "triton_version", lambda: "3.3.1+rocm6.4.1.git")
+    assert audit._predicted(audit.Route("SGLang"))[:2] == (True, "on load")
+
+
+def test_a_status_that_is_not_a_hookstatus_reads_as_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Hook:
+        @staticmethod
+        def status() -> dict:
+            return {"live": True}
+
+    monkeypatch.setitem(sys.modules, audit._HOOK_MODULES[audit.SGLANG], Hook)
+    st = audit._hook_status(audit.SGLANG)
+    assert st is not None and st.state == "error" and "not HookStatus" in st.message

@@ -456,33 +456,11 @@ def _hook_status(target: str) -> HookStatus | None:
         )
     if st is None or isinstance(st, HookStatus):
         return st
-    return _status_from_older_hook(target, st, mod)
-
-
-def _status_from_older_hook(target: str, st: Any, mod: Any) -> HookStatus | None:
-    """The same, from a hook whose ``status()`` predates :class:`HookStatus`: the aiter
-    hook's dict (``found_form``, ``live``, ``pending``, ``reason``) or the SGLang hook's
-    result (``form``, ``hooked``, ``message``)."""
-    if isinstance(st, dict):
-        form = st.get("found_form")
-        if form is None and not st.get("pending"):
-            return None
-        if st.get("live"):
-            state = "live"
-        elif st.get("pending"):
-            state = "pending"
-        else:
-            state = "not-needed" if (target, form) in GOOD_FORMS else "refused"
-        return HookStatus(target, state, form, str(st.get("reason") or ""))
-    form, hooked = getattr(st, "form", None), bool(getattr(st, "hooked", False))
-    if hooked:
-        state = "live" if _is_live(mod) else "pending"
-    else:
-        state = {"disabled": "off", "skipped": "off", "error": "error", "fixed": "not-needed"}.get(
-            form, "refused"
-        )
     return HookStatus(
-        target, state, form if form in sglang_forms.FORMS else None, str(getattr(st, "message", ""))
+        target,
+        "error",
+        None,
+        f"{target} hook status() returned {type(st).__name__}, not HookStatus",
     )
 
 
@@ -892,6 +870,9 @@ def _predicted(route: Route) -> tuple[bool, str, str]:
     """(covered, HOOK cell, why) of a route, from what is installed."""
     if route.cell:
         return False, route.cell, route.why
+    problem = _env.triton_problem()
+    if problem:  # the plugin loads, but keeps every hook off: its kernels cannot run
+        return False, "Triton", f"the plugin loads with {route.host} but hooks nothing: {problem}"
     return True, "on load", f"the plugin hooks it when {route.host} loads plugins"
 
 
@@ -913,7 +894,7 @@ def _observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
             "not called",
             "load_plugins() ran but did not call sglang-amd-moe's register()",
         )
-    if st.state == "off" and _platform_gate_closed():
+    if st.state == "off" and _platform_gate_closed() and not _env.triton_problem():
         why = "load_plugins() called the plugin, which hooks this on a ROCm machine"
         why += " (off here: see the note)"
         return True, "not ROCm", why
@@ -1130,7 +1111,8 @@ exit status:
 HOOK column: live / pending (hooked in this process, or waiting for aiter.fused_moe
 to be imported; --load), on load (the plugin hooks it when SGLang loads plugins),
 not ROCm (--load on a machine without ROCm torch: off here, hooks on ROCm),
-no loader (SGLang 0.5.10: apply the patch), off (disabled, or not installed),
+no loader (SGLang 0.5.10: apply the patch), Triton (missing or older than 3.3:
+the plugin loads but hooks nothing), off (disabled, or not installed),
 not-needed / refused / error (--load: what the hook decided), ? (unknown form,
 or a --*-source file whose image cannot be seen), - (nothing to hook).
 
