@@ -764,6 +764,7 @@ def test_triton_the_kernels_cannot_use_blocks_the_predicted_hook(
 ) -> None:
     # The plugin loads, but its gate keeps every hook off below Triton 3.3: a broken
     # form is then not covered, and the audit says why.
+    monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")  # the gate open here, as on ROCm
     monkeypatch.setattr(audit._env, "triton_version", lambda: version)
     covered, cell, why = audit._predicted(audit.Route("SGLang"))
     assert (covered, cell) == (False, "Triton")
@@ -771,8 +772,50 @@ def test_triton_the_kernels_cannot_use_blocks_the_predicted_hook(
 
 
 def test_supported_triton_keeps_the_predicted_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")
     monkeypatch.setattr(audit._env, "triton_version", lambda: "3.3.1+rocm6.4.1.git")
     assert audit._predicted(audit.Route("SGLang"))[:2] == (True, "on load")
+
+
+def test_triton_here_is_not_judged_off_rocm(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Off ROCm the verdict is the one for a ROCm machine, whose torch brings its own Triton.
+    monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
+    monkeypatch.setattr(audit, "_torch_is_rocm", lambda: False)
+    monkeypatch.setattr(audit._env, "triton_version", lambda: None)
+    assert audit._predicted(audit.Route("SGLang"))[:2] == (True, "on load")
+
+
+def _off(message: str) -> HookStatus:
+    return HookStatus(audit.SGLANG, "off", None, message)
+
+
+def _sglang_report(status: HookStatus) -> audit.TargetReport:
+    rep = audit.TargetReport(
+        audit.SGLANG, "sglang", "0.5.13.post1", None, None, "weights-only", "", False, None, None
+    )
+    rep.status = status
+    return rep
+
+
+def test_load_with_an_old_triton_reads_triton_like_the_plain_audit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")
+    monkeypatch.setattr(audit._env, "triton_version", lambda: "3.2.0")
+    rep = _sglang_report(_off("sglang-amd-moe: Triton 3.2.0 is older than 3.3; nothing hooked"))
+    covered, cell, why = audit._observed(rep, audit.Route("SGLang"))
+    assert (covered, cell) == (False, "Triton") and "older than 3.3" in why
+    assert audit._predicted(audit.Route("SGLang"))[:2] == (False, "Triton")
+
+
+def test_load_off_rocm_is_covered_whatever_triton_is_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
+    monkeypatch.setattr(audit, "_torch_is_rocm", lambda: False)
+    monkeypatch.setattr(audit._env, "triton_version", lambda: "3.2.0")
+    rep = _sglang_report(_off("sglang-amd-moe: not ROCm; nothing hooked"))
+    assert audit._observed(rep, audit.Route("SGLang"))[:2] == (True, "not ROCm")
 
 
 def test_a_status_that_is_not_a_hookstatus_reads_as_an_error(
@@ -786,3 +829,38 @@ def test_a_status_that_is_not_a_hookstatus_reads_as_an_error(
     monkeypatch.setitem(sys.modules, audit._HOOK_MODULES[audit.SGLANG], Hook)
     st = audit._hook_status(audit.SGLANG)
     assert st is not None and st.state == "error" and "not HookStatus" in st.message
+
+
+@pytest.mark.parametrize(
+    ("env", "triton", "previewed"),
+    [
+        ({}, "3.6.0", True),  # off only because torch is not a ROCm build
+        ({"SGLANG_AMD_MOE_DISABLE": "1"}, "3.6.0", False),
+        ({}, "3.2.0", False),  # the preview would build kernels this Triton cannot
+    ],
+)
+def test_load_previews_only_where_the_plugin_is_off_for_the_platform_alone(
+    monkeypatch: pytest.MonkeyPatch, env: dict, triton: str, previewed: bool
+) -> None:
+    from sglang_amd_moe.runtime import sglang_hook
+
+    monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
+    monkeypatch.delenv("SGLANG_AMD_MOE_DISABLE", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(audit, "_torch_is_rocm", lambda: False)
+    monkeypatch.setattr(audit._env, "triton_version", lambda: triton)
+    calls = []
+
+    def preview() -> sglang_hook.Preview:
+        calls.append(1)
+        return sglang_hook.Preview(_off("what a ROCm machine would decide"))
+
+    monkeypatch.setattr(sglang_hook, "preview", preview)
+    monkeypatch.setattr(audit, "_import_topk", lambda: (None, "not imported in this test"))
+    view = audit.PluginView(None, None, True, None, False, None)
+    view.loaded = True
+    rep = _sglang_report(_off("sglang-amd-moe: not ROCm; nothing hooked"))
+    audit._observe_sglang(rep, view)
+    assert bool(calls) is previewed
+    assert rep.seen is not None and rep.seen.previewed is previewed

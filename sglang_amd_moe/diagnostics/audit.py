@@ -476,6 +476,13 @@ def _platform_gate_closed() -> bool:
     return not _env.forced() and _torch_is_rocm() is not True
 
 
+def _triton_blocks() -> str:
+    """Why the installed Triton keeps every hook off ("" when it does not). Judged only
+    where the plugin's platform gate is open here (ROCm torch, or FORCE): off ROCm the
+    verdict is the one for a ROCm machine, whose torch brings its own Triton."""
+    return "" if _platform_gate_closed() else _env.triton_problem()
+
+
 # ------------------------------------------------------------------------ behaviour (--load)
 
 
@@ -549,12 +556,18 @@ def _observe_sglang(rep: TargetReport, view: PluginView) -> None:
     from sglang_amd_moe.runtime import sglang_hook
 
     st = rep.status
+    # Off only because torch is not a ROCm build: what the plugin does on a ROCm machine
+    # is previewed (not where it is disabled, nor where this Triton cannot build its
+    # kernels: the preview runs them).
+    off_here = (
+        st is not None
+        and st.state == "off"
+        and _platform_gate_closed()
+        and not _env.disabled()
+        and not _env.triton_problem()
+    )
     first = None
-    if (
-        view.loaded
-        and st is not None
-        and (st.state == "pending" or (st.state == "off" and _platform_gate_closed()))
-    ):
+    if view.loaded and st is not None and (st.state == "pending" or off_here):
         # Before the audit imports topk: what a server process decides when it loads
         # plugins (where topk's file reads fixed, the file decides without importing it).
         first = sglang_hook.preview()
@@ -565,6 +578,8 @@ def _observe_sglang(rep: TargetReport, view: PluginView) -> None:
         rep.seen = Seen("the function", None, None, decision, first is not None, why)
         rep.probe = rep.seen.to_json()
         return
+    if st is not None and st.state == "pending" and sglang_hook.is_live():
+        st = rep.status = _hook_status(SGLANG)  # importing topk applied the pending hook
     now = None if _env.disabled() else sglang_hook.preview()  # topk imported: probed
     upstream = now.upstream if now is not None else None
     if upstream is None and not sglang_hook.is_live():
@@ -573,6 +588,8 @@ def _observe_sglang(rep: TargetReport, view: PluginView) -> None:
         seen = Seen("the hooked call", sglang_hook.observe(), upstream, st)
     elif first is not None and first.status.hooked:
         of = "the hooked call (as the plugin makes it on a ROCm machine)"
+        if not off_here:
+            of = "the hooked call (as the plugin decided it; SGLang has not applied it yet)"
         seen = Seen(of, first.hooked, upstream, first.status, True)
     elif first is not None:
         seen = Seen("upstream's function", upstream, upstream, first.status, True)
@@ -870,7 +887,7 @@ def _predicted(route: Route) -> tuple[bool, str, str]:
     """(covered, HOOK cell, why) of a route, from what is installed."""
     if route.cell:
         return False, route.cell, route.why
-    problem = _env.triton_problem()
+    problem = _triton_blocks()
     if problem:  # the plugin loads, but keeps every hook off: its kernels cannot run
         return False, "Triton", f"the plugin loads with {route.host} but hooks nothing: {problem}"
     return True, "on load", f"the plugin hooks it when {route.host} loads plugins"
@@ -894,10 +911,13 @@ def _observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
             "not called",
             "load_plugins() ran but did not call sglang-amd-moe's register()",
         )
-    if st.state == "off" and _platform_gate_closed() and not _env.triton_problem():
+    if st.state == "off" and _platform_gate_closed():
         why = "load_plugins() called the plugin, which hooks this on a ROCm machine"
         why += " (off here: see the note)"
         return True, "not ROCm", why
+    problem = _triton_blocks() if st.state == "off" else ""
+    if problem:
+        return False, "Triton", f"load_plugins() called the plugin, which hooks nothing: {problem}"
     return False, st.state, st.message or f"the hook's state is {st.state}"
 
 
@@ -1111,9 +1131,11 @@ exit status:
 HOOK column: live / pending (hooked in this process, or waiting for aiter.fused_moe
 to be imported; --load), on load (the plugin hooks it when SGLang loads plugins),
 not ROCm (--load on a machine without ROCm torch: off here, hooks on ROCm),
-no loader (SGLang 0.5.10: apply the patch), Triton (missing or older than 3.3:
-the plugin loads but hooks nothing), off (disabled, or not installed),
-not-needed / refused / error (--load: what the hook decided), ? (unknown form,
+no loader (SGLang 0.5.10: apply the patch), Triton (ROCm torch or FORCE, and a
+Triton missing, older than 3.3 or unreadable: the plugin loads but hooks nothing),
+off (disabled, or not installed),
+not-needed / refused / error (--load: what the hook decided), not called
+(--load: load_plugins() never called the plugin), ? (unknown form,
 or a --*-source file whose image cannot be seen), - (nothing to hook).
 
 --load runs SGLang's function on a small CPU batch as the plugin runs it here

@@ -420,12 +420,14 @@ class Preview:
 
 def preview() -> Preview:
     """What the hook would do here on a ROCm machine: the path :func:`install` takes
-    (read, decide, check the plan's hooked call on the probe batch), ignoring only the
-    platform gate (``SGLANG_AMD_MOE_DISABLE`` still turns it off), applying nothing.
+    (read, decide, check the plan's hooked call on the probe batch), ignoring the gate
+    (ROCm torch, Triton >= 3.3; ``SGLANG_AMD_MOE_DISABLE`` still turns it off), applying
+    nothing.
 
     Why: off ROCm the hook stays off, yet the audit must say whether what it would do
-    there comes out right, with the code installed here. Nothing in this module's state,
-    SGLang's registry or the topk module changes, and nothing is logged; like install(),
+    there comes out right, with the code installed here. Nothing in SGLang's registry or
+    the topk module changes, and the decision is neither kept nor logged (a hooked call
+    that fails on the probe batch is logged once, as a live hook's failure is); like install(),
     it imports SGLang's topk module where the decision needs it (and this package's
     kernels where a plan is decided). Never raises."""
     try:
