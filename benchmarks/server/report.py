@@ -46,7 +46,9 @@ def _hook_live(run: dict) -> str:
     hook = _scheduler(run).get("hook") or {}
     if not hook.get("loaded"):
         return "no (plugin not loaded)"
-    return f"{_yes(bool(hook.get('is_live')))} (form `{hook.get('form')}`)"
+    form, state = hook.get("form"), hook.get("state")
+    why = f"form `{form}`" if form else f"state `{state}`"
+    return f"{_yes(bool(hook.get('is_live')))} ({why})"
 
 
 def _graphs(run: dict) -> str:
@@ -157,7 +159,10 @@ def render(doc: dict) -> str:
         w(
             f'HARNESS_ARGS="--rounds {hargs["rounds"]} --max-new-tokens {hargs["max_new_tokens"]} '
             f"--overhead-rounds {hargs['overhead_rounds']} "
-            f'--overhead-tokens {hargs["overhead_tokens"]}" ' + DEVICE_COMMAND
+            f"--overhead-tokens {hargs['overhead_tokens']}"
+            + (f" --time-budget {hargs['time_budget']:g}" if "time_budget" in hargs else "")
+            + '" '
+            + DEVICE_COMMAND
         )
     else:
         w(DEVICE_COMMAND)
