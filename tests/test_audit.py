@@ -864,3 +864,196 @@ def test_load_previews_only_where_the_plugin_is_off_for_the_platform_alone(
     audit._observe_sglang(rep, view)
     assert bool(calls) is previewed
     assert rep.seen is not None and rep.seen.previewed is previewed
+
+
+# --------------------------------------------------------------------------- the patch probe, run
+
+#: Runs in SGLang 0.5.13.post1's own interpreter (its topk.py imports
+#: ``sglang.jit_kernel``, which the SGLang 0.5.23 of this interpreter does not have, so the
+#: real module cannot be imported here). Per case: the installed topk.py's text with the
+#: case's edits is what the audit read (``audit._report``: form, patch, patch status),
+#: upstream is probed as ``--load`` probes it where nothing hooks it
+#: (``sglang_probe.probe_module``), then ``audit._check_patch`` runs with the real module
+#: (or a copy of its namespace without the names in ``without``, its functions rebound to
+#: the copy, as the probe rebinds them), then ``audit._conclude`` and ``render_table``.
+_PATCH_PROBE_SCRIPT = r"""
+import json, sys, types
+from pathlib import Path
+
+import sglang.srt.layers.moe.topk as topk
+
+from sglang_amd_moe.diagnostics import audit
+from sglang_amd_moe.runtime import sglang_probe
+
+path = Path(topk.__file__)
+installed = path.read_text()
+out = {"audit_file": audit.__file__}
+for name, case in json.loads(Path(sys.argv[1]).read_text()).items():
+    source = installed
+    for old, new in case["edits"]:
+        assert source.count(old) == 1, (name, old)
+        source = source.replace(old, new)
+    module = topk
+    if case["without"]:
+        module = types.ModuleType(topk.__name__)
+        ns = vars(module)
+        ns.update((k, v) for k, v in vars(topk).items() if k not in case["without"])
+        for k, v in list(ns.items()):
+            if isinstance(v, types.FunctionType) and v.__globals__ is vars(topk):
+                ns[k] = sglang_probe.rebind(v, ns)
+    rep = audit._report(audit.SGLANG, path, source, "sglang", "0.5.13.post1", given=False)
+    before = [rep.form, rep.patch, rep.patch_status]
+    upstream = sglang_probe.probe_module(module)
+    audit._check_patch(rep, module, upstream)
+    checked = rep.to_json()
+    rep.seen = audit.Seen("upstream's function", upstream, upstream, None)
+    view = audit._plugin_view()
+    view.loaded = True
+    audit._conclude(rep, view)
+    out[name] = {
+        "before": before,
+        "upstream": {"ran": upstream.ran, "why": upstream.why, "behaviour": upstream.behaviour},
+        "checked": checked,
+        "concluded": rep.to_json(),
+        "table": audit.render_table([rep], 1, view),
+    }
+print(json.dumps(out))
+"""
+
+_WEIGHTS = "sglang-weights-only.diff"
+#: 0.5.13.post1's padded-weight zeroing starting one row late (as in
+#: tests/compat/test_audit_behaviour.py): the patch still applies, and keeps the bug.
+_WEIGHTS_OFF_BY_ONE = (
+    "    topk_weights[indices >= num_token_non_padded, :] = 0.0\n",
+    "    topk_weights[indices > num_token_non_padded, :] = 0.0\n",
+)
+#: A decorator that the loaded module does not define: the text the audit read is not
+#: the text the module was loaded from (the file changed after the import).
+_UNDEFINED_DECORATOR = (
+    "\ndef _post_process_topk_ids(",
+    "\n@_traced_by_the_site\ndef _post_process_topk_ids(",
+)
+_PATCH_PROBE_CASES = {
+    "right": {"edits": [], "without": []},
+    "cannot-run": {"edits": [], "without": ["TopKConfig"]},
+    "runs-wrong": {"edits": [_WEIGHTS_OFF_BY_ONE], "without": []},
+    "does-not-load": {"edits": [_UNDEFINED_DECORATOR], "without": []},
+}
+
+
+@pytest.fixture(scope="module")
+def patch_probe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """case -> what ``_check_patch`` left on the report, and the report concluded."""
+    rel = releases.BY_LABEL["0.5.13.post1"]
+    if not rel.is_built():
+        pytest.fail(
+            f"CI release {rel.label} is not built (`python tools/compat/releases.py build-ci`)"
+        )
+    cases = tmp_path_factory.mktemp("patch-probe") / "cases.json"
+    cases.write_text(json.dumps(_PATCH_PROBE_CASES))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SGLANG_AMD_MOE_") and k not in ("SGLANG_PLUGINS", "TRITON_INTERPRET")
+    }
+    proc = subprocess.run(
+        [str(rel.python), "-c", _PATCH_PROBE_SCRIPT, str(cases)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and proc.stdout, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert Path(out.pop("audit_file")).is_relative_to(REPO)  # this checkout's audit ran
+    for case, run in out.items():  # each case reached _check_patch: the patch applies
+        assert run["before"] == ["weights-only", _WEIGHTS, patching.APPLIES], case
+    return out
+
+
+@pytest.mark.sglang
+def test_patch_probe_right_on_a_real_release_offers_the_patch(patch_probe_runs: dict) -> None:
+    """The real 0.5.13.post1 module and its real patch: the installed function is wrong
+    (weights-only), the function the patch makes is right, so the patch is offered and
+    the output says it was run."""
+    run = patch_probe_runs["right"]
+    assert run["upstream"] == {"ran": True, "why": "", "behaviour": "weights-only"}
+    checked = run["checked"]
+    assert checked["patch_status"] == patching.APPLIES and checked["notes"] == []
+    assert checked["patch_probe"] == {"ran": True, "right": True, "findings": [], "why": ""}
+    done = run["concluded"]
+    assert done["patch_file"] == patching.patch_path(_WEIGHTS)
+    assert done["apply_command"] == patching.apply_command(done["file"], _WEIGHTS)
+    ran = f"{_WEIGHTS} was run before it is offered: the function it makes is right"
+    assert any(n.startswith(ran) for n in done["notes"]), done["notes"]
+    assert "checked as text only" not in run["table"] and f"note: {ran}" in run["table"]
+
+
+@pytest.mark.sglang
+def test_patch_that_cannot_be_run_here_stays_checked_as_text(patch_probe_runs: dict) -> None:
+    """The real 0.5.13.post1 module's namespace without ``TopKConfig`` (the probe builds
+    the function's ``topk_config`` from it; this stands in for any module the probe cannot
+    run here): neither the installed function nor the patched one runs, so ``_check_patch``
+    keeps the patch's text status (still offered), records the probe that did not run, and
+    a note says the patch is checked as text only."""
+    run = patch_probe_runs["cannot-run"]
+    why = "probe failed: LookupError: the module has no TopKConfig"
+    assert run["upstream"] == {"ran": False, "why": why, "behaviour": ""}
+    checked = run["checked"]
+    assert checked["patch_status"] == patching.APPLIES
+    assert checked["patch_probe"] == {"ran": False, "right": False, "findings": [], "why": why}
+    text_only = f"{_WEIGHTS} could not be run here ({why}): it is checked as text only"
+    assert checked["notes"] == [text_only]
+    done = run["concluded"]
+    assert done["patch_status"] == patching.APPLIES and text_only in done["notes"]
+    assert done["apply_command"] == patching.apply_command(done["file"], _WEIGHTS)
+    assert not any("was run before it is offered" in n for n in done["notes"])
+    table = run["table"]
+    assert f"patch: {done['patch_file']} (applies)" in table and f"note: {text_only}" in table
+    assert audit.PATCH_FAILS_PROBE not in table
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize(
+    ("case", "found"),
+    [
+        # Applies as text, runs, and leaves a padded row's weight.
+        ("runs-wrong", "eplb-off: padded weights not zero (nan)"),
+        # The installed function runs here, the patched text does not load: not offered
+        # (not "checked as text", which is only for a module the probe cannot run at all).
+        (
+            "does-not-load",
+            "the rewritten source does not load: NameError: "
+            "name '_traced_by_the_site' is not defined",
+        ),
+    ],
+    ids=["runs-wrong", "does-not-load"],
+)
+def test_patch_that_fails_the_probe_on_a_real_release_is_not_offered(
+    patch_probe_runs: dict, case: str, found: str
+) -> None:
+    """The real 0.5.13.post1 module and its real patch, applied to a text the patched
+    function of which is wrong (``runs-wrong``) or cannot be defined over the module's
+    globals (``does-not-load``: the text read carries a decorator the loaded module does
+    not define). ``_check_patch`` marks the patch not offered and keeps what the probe
+    said; ``_conclude`` then gives no path or command, and says why."""
+    run = patch_probe_runs[case]
+    assert run["upstream"]["ran"] is True  # the installed function runs here
+    checked = run["checked"]
+    assert checked["patch_status"] == audit.PATCH_FAILS_PROBE and checked["notes"] == []
+    probe = checked["patch_probe"]
+    assert probe["right"] is False and probe["ran"] is (case == "runs-wrong")
+    assert (found in probe["findings"]) if probe["ran"] else (probe["why"] == found), probe
+    done = run["concluded"]
+    assert done["needs_attention"] is True
+    assert done["patch_file"] is None and done["apply_command"] is None
+    assert (
+        f"{_WEIGHTS} applies as text, but the function it makes is wrong on the probe batch "
+        f"({found}"
+    ) in done["reason"]
+    assert "not offered, the patch needs updating" in done["reason"]
+    assert not any("text only" in n or "was run before" in n for n in done["notes"])
+    row = next(ln for ln in run["table"].splitlines() if ln.startswith("sglang  sglang"))
+    assert row.endswith(f"{_WEIGHTS}  {audit.PATCH_FAILS_PROBE}"), row
+    assert "to patch the file instead" not in run["table"]
