@@ -1049,8 +1049,7 @@ def test_patch_that_fails_the_probe_on_a_real_release_is_not_offered(
     assert done["needs_attention"] is True
     assert done["patch_file"] is None and done["apply_command"] is None
     assert (
-        f"{_WEIGHTS} applies as text, but the function it makes is wrong on the probe batch "
-        f"({found}"
+        f"{_WEIGHTS} applies as text, but the function it makes fails on the probe batch ({found}"
     ) in done["reason"]
     assert "not offered, the patch needs updating" in done["reason"]
     assert not any("text only" in n or "was run before" in n for n in done["notes"])

@@ -950,7 +950,7 @@ def _conclude(rep: TargetReport, view: PluginView | None) -> None:
         )
         rep.needs_attention = True
         rep.reason += (
-            f"; {rep.patch} applies as text, but the function it makes is wrong on the probe "
+            f"; {rep.patch} applies as text, but the function it makes fails on the probe "
             f"batch ({found}): not offered, the patch needs updating"
         )
     if rep.form in BROKEN_FORMS and not rep.covered and not decided:
