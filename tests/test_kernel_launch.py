@@ -304,3 +304,17 @@ def test_scratch_off_the_gpu_is_a_fresh_buffer() -> None:
     a = utils.scratch("t", 10, torch.int32, META)
     b = utils.scratch("t", 10, torch.int32, META)
     assert a is not b and a.numel() >= 10 and a.dtype == torch.int32
+
+
+@pytest.mark.parametrize("straight_line", [False, True])
+def test_amd_key_separates_buffers_past_two_gib(monkeypatch, straight_line: bool) -> None:
+    # On AMD, Triton specializes a pointer on whether its buffer spans at most 2 GiB
+    # (32-bit buffer offsets): both key functions must tell the two apart, or a launch
+    # could reuse a kernel compiled for the other case. Meta tensors allocate nothing.
+    monkeypatch.setattr(utils, "_IS_HIP", True)
+    key = utils._key_function("ti") if straight_line else utils._generic_key
+    small = torch.empty(1024, dtype=torch.int32, device="meta")
+    also_small = torch.empty(2048, dtype=torch.int32, device="meta")
+    big = torch.empty(2**29 + 16, dtype=torch.int32, device="meta")  # 2 GiB + 64 bytes
+    assert key(small, 16) == key(also_small, 16)
+    assert key(small, 16) != key(big, 16)
