@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 import triton
-from run import _load_sgl_kernel, sort_buffers, sort_call, sort_inputs
+from run import _load_sgl_kernel, sort_buffers, sort_call, sort_impls, sort_inputs
 from sglang_amd_moe.kernels import adaptive_moe_sort, mxfp4_moe_sort
 from sglang_amd_moe.kernels import moe_sort as sort_module
 from sglang_amd_moe.kernels._validate import check_sort_args
@@ -56,21 +56,6 @@ def host_us(fn: Callable[[], object]) -> float:
         samples.append((time.perf_counter() - start) / CALLS * 1e6)
         torch.cuda.synchronize()
     return statistics.median(samples)
-
-
-def cpp_align_call(align: Callable, ids: torch.Tensor, NE: int) -> Callable[[], None]:
-    """sgl_kernel's ``moe_align_block_size`` on in-range ids, as ``run.py`` calls it."""
-    M, topk = ids.shape
-    ids = torch.where(ids < 0, torch.randint_like(ids, 0, NE), ids)
-    pairs = M * topk
-    c_max = pairs * BLOCK if pairs < NE + 1 else pairs + (NE + 1) * (BLOCK - 1)
-    out = [
-        torch.empty(c_max, dtype=torch.int32, device=ids.device),
-        torch.empty(triton.cdiv(c_max, BLOCK), dtype=torch.int32, device=ids.device),
-        torch.empty(1, dtype=torch.int32, device=ids.device),
-        torch.empty(NE + 2, dtype=torch.int32, device=ids.device),
-    ]
-    return lambda: align(ids, NE + 1, BLOCK, *out, True)
 
 
 def measure(NE: int, topk: int, M: int, align: Callable | None) -> dict:
@@ -101,7 +86,12 @@ def measure(NE: int, topk: int, M: int, align: Callable | None) -> dict:
         parts["one_launch"] = host_us(
             lambda: prog.count((plan.chunks,), ids, count, buf, M, ids.stride(0), plan.ranks_at)
         )
-    parts["sgl_align_cpp"] = None if align is None else host_us(cpp_align_call(align, ids, NE))
+    if align is not None:  # called as run.py calls it, on in-range ids
+        parts["sgl_align_cpp"] = host_us(
+            sort_impls(ids, w, count, NE, BLOCK, None, align)["sgl_align_cpp"]
+        )
+    else:
+        parts["sgl_align_cpp"] = None
     rounded = {k: (None if v is None else round(v, 2)) for k, v in parts.items()}
     return dict(num_experts=NE, topk=topk, M=M, block=BLOCK, launches=plan.launches, **rounded)
 
