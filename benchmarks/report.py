@@ -18,7 +18,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 MASK_PEERS = ["sgl_fill_x2", "eager_index_put"]
-SORT_PEERS = ["sgl_align_cpp", "sgl_triton_align", "torch_argsort"]
 # Targets on sgl_kernel's C++ align (sgl_align_cpp): graph replay at these M, eager up to
 # EAGER_MAX_M at the blocks of EAGER_BLOCKS; absolute graph-replay ceilings at M = 16384.
 CPP_GRAPH_MS = (1, 4, 16, 64, 256, 512, 4096, 16384)
