@@ -541,16 +541,14 @@ def parse_log(text: str) -> dict:
         if FAULT.search(line) and not line.startswith(("PROBE", "SERVER-TEST")):
             if line.strip() not in faults:
                 faults.append(line.strip())
+
+    def lines(pattern: re.Pattern) -> list[dict]:
+        return [{"process": m[0], "pid": int(m[1]), "line": m[2]} for m in pattern.findall(text)]
+
     return {
-        "plugin_lines": [
-            {"process": m[0], "pid": int(m[1]), "line": m[2]} for m in PLUGIN_LINE.findall(text)
-        ],
-        "hook_applied": [
-            {"process": m[0], "pid": int(m[1]), "line": m[2]} for m in HOOK_APPLIED.findall(text)
-        ],
-        "test_switch_lines": [
-            {"process": m[0], "pid": int(m[1]), "line": m[2]} for m in TEST_LINE.findall(text)
-        ],
+        "plugin_lines": lines(PLUGIN_LINE),
+        "hook_applied": lines(HOOK_APPLIED),
+        "test_switch_lines": lines(TEST_LINE),
         "capture_lines": CAPTURE_LINE.findall(text),
         "fault_lines": faults[:20],
         "traceback": "Traceback (most recent call last)" in text,
