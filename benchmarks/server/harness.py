@@ -603,7 +603,7 @@ def compare(outputs: list[dict], reference: list[dict]) -> dict:
 
 
 def damage(cmp: dict, parsed: dict, died: bool) -> list[str]:
-    """How a run differs from the reference, in the issue's words."""
+    """What went wrong in a run against the reference, in the words docs/server.md shows."""
     out = []
     if parsed["fault_lines"] or died:
         out.append("device fault" if parsed["fault_lines"] else "server died")
