@@ -18,7 +18,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 MASK_PEERS = ["sgl_fill_x2", "eager_index_put"]
-SORT_PEERS = ["sgl_align_cpp", "sgl_triton_align", "torch_argsort"]
 # Targets on sgl_kernel's C++ align (sgl_align_cpp): graph replay at these M, eager up to
 # EAGER_MAX_M at the blocks of EAGER_BLOCKS; absolute graph-replay ceilings at M = 16384.
 CPP_GRAPH_MS = (1, 4, 16, 64, 256, 512, 4096, 16384)
@@ -27,20 +26,14 @@ EAGER_BLOCKS = (16, 32)
 LARGE_M_CEILINGS = {(257, 9): 25.0, (513, 11): 25.0, (896, 16): 40.0}
 
 
+def result_key(r: dict, impl: str | None = None) -> tuple:
+    """A result's key in ``index``; with ``impl``, that peer's at the same configuration."""
+    fields = ("M", "topk", "num_experts", "block", "padded", "mode")
+    return (r["kernel"], impl or r["impl"], *(r[f] for f in fields))
+
+
 def index(results: list[dict]) -> dict[tuple, float]:
-    return {
-        (
-            r["kernel"],
-            r["impl"],
-            r["M"],
-            r["topk"],
-            r["num_experts"],
-            r["block"],
-            r["padded"],
-            r["mode"],
-        ): r["us"]
-        for r in results
-    }
+    return {result_key(r): r["us"] for r in results}
 
 
 def mask_section(results: list[dict], idx: dict[tuple, float], mode: str) -> list[str]:
@@ -148,19 +141,8 @@ def targets_section(results: list[dict], idx: dict[tuple, float]) -> list[str]:
         result = "met" if not misses else f"missed in {len(misses)} of {checked}"
         lines.append(f"| {name} | {mode} | {result} | {shown or '-'} |")
 
-    def peer(r: dict, impl: str, mode: str | None = None) -> float | None:
-        return idx.get(
-            (
-                r["kernel"],
-                impl,
-                r["M"],
-                r["topk"],
-                r["num_experts"],
-                r["block"],
-                r["padded"],
-                mode or r["mode"],
-            )
-        )
+    def peer(r: dict, impl: str) -> float | None:
+        return idx.get(result_key(r, impl))
 
     def cfg(r: dict) -> str:
         return f"{r['impl']} {r['num_experts']}/{r['topk']} B{r['block']} {r['padded']} M {r['M']}"

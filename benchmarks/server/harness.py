@@ -541,16 +541,14 @@ def parse_log(text: str) -> dict:
         if FAULT.search(line) and not line.startswith(("PROBE", "SERVER-TEST")):
             if line.strip() not in faults:
                 faults.append(line.strip())
+
+    def lines(pattern: re.Pattern) -> list[dict]:
+        return [{"process": m[0], "pid": int(m[1]), "line": m[2]} for m in pattern.findall(text)]
+
     return {
-        "plugin_lines": [
-            {"process": m[0], "pid": int(m[1]), "line": m[2]} for m in PLUGIN_LINE.findall(text)
-        ],
-        "hook_applied": [
-            {"process": m[0], "pid": int(m[1]), "line": m[2]} for m in HOOK_APPLIED.findall(text)
-        ],
-        "test_switch_lines": [
-            {"process": m[0], "pid": int(m[1]), "line": m[2]} for m in TEST_LINE.findall(text)
-        ],
+        "plugin_lines": lines(PLUGIN_LINE),
+        "hook_applied": lines(HOOK_APPLIED),
+        "test_switch_lines": lines(TEST_LINE),
         "capture_lines": CAPTURE_LINE.findall(text),
         "fault_lines": faults[:20],
         "traceback": "Traceback (most recent call last)" in text,
@@ -605,7 +603,7 @@ def compare(outputs: list[dict], reference: list[dict]) -> dict:
 
 
 def damage(cmp: dict, parsed: dict, died: bool) -> list[str]:
-    """How a run differs from the reference, in the issue's words."""
+    """What went wrong in a run against the reference, in the words docs/server.md shows."""
     out = []
     if parsed["fault_lines"] or died:
         out.append("device fault" if parsed["fault_lines"] else "server died")

@@ -107,19 +107,18 @@ def _details(entries: list[dict[str, Any]]) -> list[str]:
                 cells.append("")
             elif len(rs) < len(es):
                 cells.append("does not compile")
-            elif TARGETS_BY_NAME[t].is_amd:
-                bad = any(policy.problems(e["kernel"], t, e["config"], e["resources"]) for e in es)
-                text = (
-                    f"{max(r['vgpr_total'] for r in rs)} / {max(r['sgpr_spill'] for r in rs)}"
-                    f" / {min(r['waves_per_simd'] for r in rs)}"
-                )
-                cells.append(f"**{text}**" if bad else text)
             else:
+                if TARGETS_BY_NAME[t].is_amd:
+                    text = (
+                        f"{max(r['vgpr_total'] for r in rs)} / {max(r['sgpr_spill'] for r in rs)}"
+                        f" / {min(r['waves_per_simd'] for r in rs)}"
+                    )
+                else:
+                    text = (
+                        f"{max(r['regs'] for r in rs)} / "
+                        f"{max(r['spill_stores'] + r['spill_loads'] for r in rs)}"
+                    )
                 bad = any(policy.problems(e["kernel"], t, e["config"], e["resources"]) for e in es)
-                text = (
-                    f"{max(r['regs'] for r in rs)} / "
-                    f"{max(r['spill_stores'] + r['spill_loads'] for r in rs)}"
-                )
                 cells.append(f"**{text}**" if bad else text)
         out.append(f"| `{kernel}` | {config} | " + " | ".join(cells) + " |")
     return out

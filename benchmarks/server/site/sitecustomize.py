@@ -43,7 +43,6 @@ count by ``CudaGraphRunner.replay_prepare`` before every replay, on the replay's
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import importlib.util
 import itertools
 import json
