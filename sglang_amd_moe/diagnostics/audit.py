@@ -580,8 +580,11 @@ def _observe_sglang(rep: TargetReport, view: PluginView) -> None:
         return
     if st is not None and st.state == "pending" and sglang_hook.is_live():
         st = rep.status = _hook_status(SGLANG)  # importing topk applied the pending hook
-    now = None if _env.disabled() else sglang_hook.preview()  # topk imported: probed
-    upstream = now.upstream if now is not None else None
+    if first is not None and first.upstream is not None:
+        upstream = first.upstream  # the first preview imported topk and probed upstream
+    else:  # topk imported now: a preview probes upstream
+        now = None if _env.disabled() else sglang_hook.preview()
+        upstream = now.upstream if now is not None else None
     if upstream is None and not sglang_hook.is_live():
         upstream = sglang_hook.observe()  # the plugin is disabled: upstream is what runs
     if st is not None and st.state == "live":
