@@ -105,7 +105,6 @@ _HOOK_MODULES = {
     AITER: "sglang_amd_moe.runtime.aiter_hook",
 }
 SGLANG_REL = Path("srt/layers/moe/topk.py")
-TOPK_MODULE = "sglang.srt.layers.moe.topk"
 AITER_REL = Path("fused_moe.py")
 OUR_SGLANG_EP = "sglang_amd_moe.runtime.plugin:register"
 OUR_VLLM_EP = "sglang_amd_moe.runtime.plugin:register_vllm"
@@ -539,6 +538,8 @@ def _probe_json(p: ProbeResult) -> dict:
 
 def _import_topk() -> tuple[Any, str]:
     """(SGLang's topk module, "") or (None, why it does not import here)."""
+    from sglang_amd_moe.runtime.sglang_hook import TOPK_MODULE
+
     try:
         return importlib.import_module(TOPK_MODULE), ""
     except KeyboardInterrupt:
@@ -573,7 +574,7 @@ def _observe_sglang(rep: TargetReport, view: PluginView) -> None:
         first = sglang_hook.preview()
     module, why = _import_topk()
     if module is None or not callable(getattr(module, sglang_forms.FUNCTION_NAME, None)):
-        why = why or f"{TOPK_MODULE} has no callable {sglang_forms.FUNCTION_NAME}"
+        why = why or f"{sglang_hook.TOPK_MODULE} has no callable {sglang_forms.FUNCTION_NAME}"
         decision = first.status if first is not None else st
         rep.seen = Seen("the function", None, None, decision, first is not None, why)
         rep.probe = rep.seen.to_json()
