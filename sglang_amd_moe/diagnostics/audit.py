@@ -105,7 +105,6 @@ _HOOK_MODULES = {
     AITER: "sglang_amd_moe.runtime.aiter_hook",
 }
 SGLANG_REL = Path("srt/layers/moe/topk.py")
-TOPK_MODULE = "sglang.srt.layers.moe.topk"
 AITER_REL = Path("fused_moe.py")
 OUR_SGLANG_EP = "sglang_amd_moe.runtime.plugin:register"
 OUR_VLLM_EP = "sglang_amd_moe.runtime.plugin:register_vllm"
@@ -539,6 +538,8 @@ def _probe_json(p: ProbeResult) -> dict:
 
 def _import_topk() -> tuple[Any, str]:
     """(SGLang's topk module, "") or (None, why it does not import here)."""
+    from sglang_amd_moe.runtime.sglang_hook import TOPK_MODULE
+
     try:
         return importlib.import_module(TOPK_MODULE), ""
     except KeyboardInterrupt:
@@ -573,15 +574,18 @@ def _observe_sglang(rep: TargetReport, view: PluginView) -> None:
         first = sglang_hook.preview()
     module, why = _import_topk()
     if module is None or not callable(getattr(module, sglang_forms.FUNCTION_NAME, None)):
-        why = why or f"{TOPK_MODULE} has no callable {sglang_forms.FUNCTION_NAME}"
+        why = why or f"{sglang_hook.TOPK_MODULE} has no callable {sglang_forms.FUNCTION_NAME}"
         decision = first.status if first is not None else st
         rep.seen = Seen("the function", None, None, decision, first is not None, why)
         rep.probe = rep.seen.to_json()
         return
     if st is not None and st.state == "pending" and sglang_hook.is_live():
         st = rep.status = _hook_status(SGLANG)  # importing topk applied the pending hook
-    now = None if _env.disabled() else sglang_hook.preview()  # topk imported: probed
-    upstream = now.upstream if now is not None else None
+    if first is not None and first.upstream is not None:
+        upstream = first.upstream  # the first preview imported topk and probed upstream
+    else:  # topk imported now: a preview probes upstream
+        now = None if _env.disabled() else sglang_hook.preview()
+        upstream = now.upstream if now is not None else None
     if upstream is None and not sglang_hook.is_live():
         upstream = sglang_hook.observe()  # the plugin is disabled: upstream is what runs
     if st is not None and st.state == "live":
