@@ -580,7 +580,9 @@ def _observe_sglang(rep: TargetReport, view: PluginView) -> None:
         rep.probe = rep.seen.to_json()
         return
     if st is not None and st.state == "pending" and sglang_hook.is_live():
-        st = rep.status = _hook_status(SGLANG)  # importing topk applied the pending hook
+        # Importing topk applied the pending hook: report it as it is now.
+        st = rep.status = _hook_status(SGLANG)
+        rep.hook_state, rep.hook_live = (st.state if st else None), True
     if first is not None and first.upstream is not None:
         upstream = first.upstream  # the first preview imported topk and probed upstream
     else:  # topk imported now: a preview probes upstream
