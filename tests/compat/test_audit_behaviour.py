@@ -25,13 +25,13 @@ process and decides what ``install()`` then decides.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import releases
+from sglang_release_support import switches_off
 from variants import edit, overlay
 from variants.catalog import GUARD, NOHIP, WEIGHTS, fixed14
 
@@ -75,11 +75,7 @@ CASES = {
 def _env(extra: dict[str, str], pythonpath: Path | None = None) -> dict[str, str]:
     """This process's environment without the plugin's switches, SGLang's plugin list and
     the Triton interpreter (a user's environment has none of them), plus ``extra``."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("SGLANG_AMD_MOE_") and k not in ("SGLANG_PLUGINS", "TRITON_INTERPRET")
-    }
+    env = switches_off("TRITON_INTERPRET")
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     return {**env, **extra}
