@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 import releases
-from sglang_release_support import switches_off
+from sglang_release_support import require_built, switches_off
 
 from sglang_amd_moe.diagnostics import patching
 
@@ -24,8 +24,7 @@ CI = [pytest.param(rel.label, id=rel.label) for rel in releases.RELEASES if rel.
 
 def _release(label: str) -> releases.Release:
     rel = releases.BY_LABEL[label]
-    if not rel.is_built():
-        pytest.fail(f"CI release {label} is not built (`python tools/compat/releases.py build-ci`)")
+    require_built(rel)
     return rel
 
 
