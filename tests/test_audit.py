@@ -19,6 +19,7 @@ import pytest
 import releases
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sglang_release_support import require_built, switches_off
 
 from sglang_amd_moe.diagnostics import audit, patching
 from sglang_amd_moe.runtime import sglang_forms
@@ -945,23 +946,15 @@ _PATCH_PROBE_CASES = {
 def patch_probe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """case -> what ``_check_patch`` left on the report, and the report concluded."""
     rel = releases.BY_LABEL["0.5.13.post1"]
-    if not rel.is_built():
-        pytest.fail(
-            f"CI release {rel.label} is not built (`python tools/compat/releases.py build-ci`)"
-        )
+    require_built(rel)
     cases = tmp_path_factory.mktemp("patch-probe") / "cases.json"
     cases.write_text(json.dumps(_PATCH_PROBE_CASES))
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("SGLANG_AMD_MOE_") and k not in ("SGLANG_PLUGINS", "TRITON_INTERPRET")
-    }
     proc = subprocess.run(
         [str(rel.python), "-c", _PATCH_PROBE_SCRIPT, str(cases)],
         capture_output=True,
         text=True,
         cwd=REPO,
-        env=env,
+        env=switches_off("TRITON_INTERPRET"),
         timeout=600,
     )
     assert proc.returncode == 0 and proc.stdout, proc.stderr[-3000:]

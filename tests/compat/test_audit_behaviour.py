@@ -25,13 +25,13 @@ process and decides what ``install()`` then decides.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import releases
+from sglang_release_support import require_built, switches_off
 from variants import edit, overlay
 from variants.catalog import GUARD, NOHIP, WEIGHTS, fixed14
 
@@ -75,11 +75,7 @@ CASES = {
 def _env(extra: dict[str, str], pythonpath: Path | None = None) -> dict[str, str]:
     """This process's environment without the plugin's switches, SGLang's plugin list and
     the Triton interpreter (a user's environment has none of them), plus ``extra``."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("SGLANG_AMD_MOE_") and k not in ("SGLANG_PLUGINS", "TRITON_INTERPRET")
-    }
+    env = switches_off("TRITON_INTERPRET")
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     return {**env, **extra}
@@ -106,10 +102,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     jobs = []
     for case, (label, rewrite, extra) in CASES.items():
         rel = releases.BY_LABEL[label]
-        if not rel.is_built():
-            pytest.fail(
-                f"CI release {label} is not built (`python tools/compat/releases.py build-ci`)"
-            )
+        require_built(rel)
         ov = overlay.make(rel.topk_path().parents[3], tmp_path_factory.mktemp(case))
         topk = ov / "sglang" / "srt" / "layers" / "moe" / "topk.py"
         topk.write_text(rewrite(topk.read_text()))
@@ -231,8 +224,7 @@ print(json.dumps({
 
 def test_preview_changes_nothing_and_decides_what_install_decides() -> None:
     rel = releases.BY_LABEL[WEIGHTS]
-    if not rel.is_built():
-        pytest.fail(f"CI release {WEIGHTS} is not built")
+    require_built(rel)
     proc = subprocess.run(
         [str(rel.python), "-c", _PREVIEW_SCRIPT],
         capture_output=True,

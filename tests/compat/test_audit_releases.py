@@ -11,11 +11,11 @@ entry point, with ``SGLANG_AMD_MOE_FORCE=1`` because this is not a ROCm machine.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 import releases
+from sglang_release_support import require_built, switches_off
 
 from sglang_amd_moe.diagnostics import patching
 
@@ -24,28 +24,20 @@ CI = [pytest.param(rel.label, id=rel.label) for rel in releases.RELEASES if rel.
 
 def _release(label: str) -> releases.Release:
     rel = releases.BY_LABEL[label]
-    if not rel.is_built():
-        pytest.fail(f"CI release {label} is not built (`python tools/compat/releases.py build-ci`)")
+    require_built(rel)
     return rel
 
 
 def _audit(
     rel: releases.Release, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    # TRITON_INTERPRET: set for this suite's kernel tests, not in a user's environment.
-    dropped = (
-        "SGLANG_AMD_MOE_DISABLE",
-        "SGLANG_AMD_MOE_FORCE",
-        "SGLANG_PLUGINS",
-        "TRITON_INTERPRET",
-    )
-    clean = {k: v for k, v in os.environ.items() if k not in dropped}
+    # No TRITON_INTERPRET: set for this suite's kernel tests, not in a user's environment.
     return subprocess.run(
         [str(rel.python), "-m", "sglang_amd_moe", "audit", *args],
         capture_output=True,
         text=True,
         timeout=600,
-        env={**clean, **(env or {})},
+        env={**switches_off("TRITON_INTERPRET"), **(env or {})},
         cwd=releases.REPO,
     )
 

@@ -56,10 +56,19 @@ def topk_source_path(rel) -> Path:
     return path
 
 
+def switches_off(*also: str) -> dict[str, str]:
+    """Our environment without the plugin's switches (any SGLANG_AMD_MOE_*), SGLang's
+    plugin list (the real discovery, unrestricted) and the variables named in ``also``:
+    what a child process that must not inherit this suite's settings starts from."""
+    drop = {"SGLANG_PLUGINS", *also}
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_") and k not in drop
+    }
+
+
 def driver_env(mode: str) -> dict[str, str]:
     """The driver's environment: ours minus any SGLANG_AMD_MOE_* and SGLANG_PLUGINS."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_")}
-    env.pop("SGLANG_PLUGINS", None)  # the real discovery, unrestricted
+    env = switches_off()
     # The tensors are on the CPU: the package's Triton kernel runs in the interpreter.
     env["TRITON_INTERPRET"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"

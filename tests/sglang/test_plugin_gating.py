@@ -17,7 +17,7 @@ import sys
 import textwrap
 
 import pytest
-from sglang_release_support import releases, require_built
+from sglang_release_support import driver_env, releases, require_built
 
 from sglang_amd_moe.runtime import env, plugin, sglang_hook
 
@@ -329,12 +329,9 @@ IMPORT_RAISES = textwrap.dedent(
 def _release_child(code: str, *args: str) -> subprocess.CompletedProcess:
     rel = releases.BY_LABEL[BROKEN]
     require_built(rel)
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_")}
-    child_env.pop("SGLANG_PLUGINS", None)
-    child_env.update(SGLANG_AMD_MOE_FORCE="1", TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
     return subprocess.run(
         [str(rel.python), "-c", code, *args],
-        env=child_env,
+        env=driver_env("plugin"),  # no switch but FORCE, SGLang's full plugin discovery
         capture_output=True,
         text=True,
         timeout=600,

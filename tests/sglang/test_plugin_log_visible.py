@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from releases import REPO
-from sglang_release_support import require_built
+from sglang_release_support import require_built, switches_off
 
 LINE = (
     "sglang-amd-moe: not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it); "
@@ -67,8 +67,7 @@ CHILD = textwrap.dedent(
 
 
 def _env(extra_path: list[Path]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_")}
-    env.pop("SGLANG_PLUGINS", None)
+    env = switches_off()
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in extra_path)
     env["PYTHONWARNINGS"] = "ignore"
     return env
