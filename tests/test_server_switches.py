@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
+from server.harness import free_port  # below 55535: SGLang adds 10000 for gRPC
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = REPO / "benchmarks" / "server" / "site"
@@ -66,12 +66,6 @@ json.dump(out, open(sys.argv[1], "w"))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_both(tmp_path: Path) -> dict[str, dict]:
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
@@ -83,7 +77,7 @@ def _run_both(tmp_path: Path) -> dict[str, dict]:
             PYTHONPATH=str(SITE),
             PYTHONDONTWRITEBYTECODE="1",
             TRITON_INTERPRET="1",  # the plugin's mask kernel on CPU tensors
-            PROBE_PORT=str(_free_port()),
+            PROBE_PORT=str(free_port()),
             SGLANG_AMD_MOE_TEST_HIP_BRANCH="1",
             SGLANG_AMD_MOE_TEST_INJECT="1",
             SGLANG_AMD_MOE_TEST_PASS_COUNT="1",

@@ -34,7 +34,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from server.harness import free_port  # below 55535: SGLang adds 10000 for gRPC
 from tiny_checkpoint import write_checkpoint
 
 from sglang_amd_moe.diagnostics.e2e.model import TinyMoE, TinyMoEConfig
@@ -107,12 +107,6 @@ def _have_extras() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stop(proc: subprocess.Popen) -> None:
     """End the server we started: its process group (it spawns scheduler and detokenizer)."""
     if proc.poll() is None:
@@ -143,7 +137,7 @@ def test_launch_server_on_cpu(tmp_path: Path) -> None:
     probe = tmp_path / "probe"
     probe.mkdir()
     (probe / "sitecustomize.py").write_text(PROBE)
-    port = _free_port()
+    port = free_port()
     env = dict(
         os.environ,
         SGLANG_AMD_MOE_FORCE="1",
@@ -237,7 +231,7 @@ def test_plain_server_log_shows_the_plugin_line(tmp_path: Path) -> None:
     log_path = tmp_path / "plain.log"
     cmd = [
         SERVER_PY, "-m", "sglang.launch_server", "--model-path", str(ckpt), "--device", "cpu",
-        "--host", "127.0.0.1", "--port", str(_free_port()),
+        "--host", "127.0.0.1", "--port", str(free_port()),
     ]  # fmt: skip
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
