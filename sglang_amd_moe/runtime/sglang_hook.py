@@ -57,7 +57,7 @@ from typing import Any
 
 from sglang_amd_moe.runtime import env as _env
 from sglang_amd_moe.runtime import hook_registry_compat as registry
-from sglang_amd_moe.runtime.hookstate import MARK, HookStatus
+from sglang_amd_moe.runtime.hookstate import MARK, HookStatus, announce
 from sglang_amd_moe.runtime.rebind import rebind_copies
 from sglang_amd_moe.runtime.sglang_forms import (
     ACTIONS,
@@ -460,16 +460,6 @@ def preview() -> Preview:
 # --- statuses --------------------------------------------------------------------------
 
 
-_LEVELS = {
-    "live": logging.INFO,
-    "pending": logging.INFO,
-    "not-needed": logging.INFO,
-    "off": logging.INFO,
-    "refused": logging.WARNING,
-    "error": logging.WARNING,
-}
-
-
 def _status(state: str, form: str | None, message: str, **detail: Any) -> HookStatus:
     return HookStatus(NAME, state, form, message, detail)
 
@@ -477,16 +467,8 @@ def _status(state: str, form: str | None, message: str, **detail: Any) -> HookSt
 def _announce(new: HookStatus) -> None:
     """Keep ``new`` as this process's status; log it when it says something new."""
     previous, _state.status = _state.status, new
-    if previous is not None and (previous.state, previous.form, previous.message) == (
-        new.state,
-        new.form,
-        new.message,
-    ):
-        return
-    level = _LEVELS[new.state]
-    if new.form in ("absent", "unknown"):
-        level = logging.WARNING
-    logger.log(level, "%s", new.message)
+    level = logging.WARNING if new.form in ("absent", "unknown") else None
+    announce(logger, new, previous, level=level)
 
 
 # --- install ---------------------------------------------------------------------------
