@@ -568,7 +568,7 @@ def _read(*, platform_gate: bool = True) -> _Facts | HookStatus:
         return _status(
             "off", None, "sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked"
         )
-    allowed, why = _env.platform_reason()
+    allowed, why = _env.gate()
     if platform_gate and not allowed:
         return _status("off", None, f"sglang-amd-moe: {why}; nothing hooked")
     version, path = _sglang_version(), _topk_path()
