@@ -581,7 +581,8 @@ def _read(*, platform_gate: bool = True) -> _Facts | HookStatus:
             f"{head} form=absent -> {TOPK_MODULE} not found; nothing hooked",
             **detail,
         )
-    file_report = analyze_source(path.read_text(encoding="utf-8"))
+    file_text = path.read_text(encoding="utf-8")
+    file_report = analyze_source(file_text)
     detail["file"] = _report_detail(file_report)
     verify = _env.verify()
     # Not imported yet: the file decides whether importing it is worth it at all. Already
@@ -614,7 +615,7 @@ def _read(*, platform_gate: bool = True) -> _Facts | HookStatus:
         )
         return _status("not-needed", "absent", f"{head} form=absent -> {text}", **detail)
     upstream = inspect.unwrap(live)
-    report, live_path = _live_report(upstream, mod, path, file_report)
+    report, live_path = _live_report(upstream, mod, path, file_text, file_report)
     detail["classifier"] = _report_detail(report)
     if live_path and live_path != str(path):
         detail["path"] = live_path
@@ -720,10 +721,15 @@ def _make_call(
 
 
 def _live_report(
-    fn: Callable[..., Any], mod: types.ModuleType, path: Path, file_report: FormReport
+    fn: Callable[..., Any],
+    mod: types.ModuleType,
+    path: Path,
+    file_text: str,
+    file_report: FormReport,
 ) -> tuple[FormReport, str]:
     """The classifier's reading of the function that runs (under any wrappers), with
-    its module's flags and helpers; and the file it comes from."""
+    its module's flags and helpers; and the file it comes from (``file_text``: the text
+    of ``path``, already read)."""
     try:
         lines, first = inspect.getsourcelines(fn)
         where = inspect.getsourcefile(fn) or ""
@@ -737,7 +743,7 @@ def _live_report(
     # The module context (flags, helpers) is the function's own module's source.
     try:
         module_text = (
-            Path(where).read_text(encoding="utf-8") if where else path.read_text(encoding="utf-8")
+            Path(where).read_text(encoding="utf-8") if where and where != str(path) else file_text
         )
     except OSError:
         module_text = ""
