@@ -292,7 +292,6 @@ class _State:
     #: the registry had already patched the target).
     direct: tuple[Callable[..., Any], Callable[..., Any]] | None = None
     call_error_logged: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 _state = _State()
