@@ -146,8 +146,3 @@ def gate() -> tuple[bool, str]:
     if problem:
         return False, problem
     return True, platform
-
-
-def platform_reason() -> tuple[bool, str]:
-    """The same answer as :func:`gate` (the name the SGLang hook has always called)."""
-    return gate()

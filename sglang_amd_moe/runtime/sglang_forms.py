@@ -44,6 +44,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -169,9 +170,8 @@ def analyze_function_source(
     ``first_line``. Used for the function that is running, which may not be the one the
     module's file binds. Never raises."""
     try:
-        import textwrap
-
-        ftree = ast.parse(textwrap.dedent(function_source))
+        dedented = textwrap.dedent(function_source)
+        ftree = ast.parse(dedented)
         fdef = next(
             (n for n in ftree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)), None
         )
@@ -184,7 +184,7 @@ def analyze_function_source(
         except SyntaxError:
             mtree = ast.Module(body=[], type_ignores=[])
         info = _ModuleInfo(mtree)
-        segment = ast.get_source_segment(textwrap.dedent(function_source), fdef) or ""
+        segment = ast.get_source_segment(dedented, fdef) or ""
         report = _classify_def(fdef, info, segment, "running function")
         if report.lineno:
             report = dataclasses.replace(report, lineno=first_line + fdef.lineno - 1)

@@ -57,7 +57,7 @@ from typing import Any
 
 from sglang_amd_moe.runtime import env as _env
 from sglang_amd_moe.runtime import hook_registry_compat as registry
-from sglang_amd_moe.runtime.hookstate import MARK, HookStatus
+from sglang_amd_moe.runtime.hookstate import MARK, HookStatus, announce
 from sglang_amd_moe.runtime.rebind import rebind_copies
 from sglang_amd_moe.runtime.sglang_forms import (
     ACTIONS,
@@ -292,7 +292,6 @@ class _State:
     #: the registry had already patched the target).
     direct: tuple[Callable[..., Any], Callable[..., Any]] | None = None
     call_error_logged: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 _state = _State()
@@ -460,16 +459,6 @@ def preview() -> Preview:
 # --- statuses --------------------------------------------------------------------------
 
 
-_LEVELS = {
-    "live": logging.INFO,
-    "pending": logging.INFO,
-    "not-needed": logging.INFO,
-    "off": logging.INFO,
-    "refused": logging.WARNING,
-    "error": logging.WARNING,
-}
-
-
 def _status(state: str, form: str | None, message: str, **detail: Any) -> HookStatus:
     return HookStatus(NAME, state, form, message, detail)
 
@@ -477,16 +466,8 @@ def _status(state: str, form: str | None, message: str, **detail: Any) -> HookSt
 def _announce(new: HookStatus) -> None:
     """Keep ``new`` as this process's status; log it when it says something new."""
     previous, _state.status = _state.status, new
-    if previous is not None and (previous.state, previous.form, previous.message) == (
-        new.state,
-        new.form,
-        new.message,
-    ):
-        return
-    level = _LEVELS[new.state]
-    if new.form in ("absent", "unknown"):
-        level = logging.WARNING
-    logger.log(level, "%s", new.message)
+    level = logging.WARNING if new.form in ("absent", "unknown") else None
+    announce(logger, new, previous, level=level)
 
 
 # --- install ---------------------------------------------------------------------------
@@ -586,7 +567,7 @@ def _read(*, platform_gate: bool = True) -> _Facts | HookStatus:
         return _status(
             "off", None, "sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked"
         )
-    allowed, why = _env.platform_reason()
+    allowed, why = _env.gate()
     if platform_gate and not allowed:
         return _status("off", None, f"sglang-amd-moe: {why}; nothing hooked")
     version, path = _sglang_version(), _topk_path()
@@ -599,7 +580,8 @@ def _read(*, platform_gate: bool = True) -> _Facts | HookStatus:
             f"{head} form=absent -> {TOPK_MODULE} not found; nothing hooked",
             **detail,
         )
-    file_report = analyze_source(path.read_text(encoding="utf-8"))
+    file_text = path.read_text(encoding="utf-8")
+    file_report = analyze_source(file_text)
     detail["file"] = _report_detail(file_report)
     verify = _env.verify()
     # Not imported yet: the file decides whether importing it is worth it at all. Already
@@ -632,7 +614,7 @@ def _read(*, platform_gate: bool = True) -> _Facts | HookStatus:
         )
         return _status("not-needed", "absent", f"{head} form=absent -> {text}", **detail)
     upstream = inspect.unwrap(live)
-    report, live_path = _live_report(upstream, mod, path, file_report)
+    report, live_path = _live_report(upstream, mod, path, file_text, file_report)
     detail["classifier"] = _report_detail(report)
     if live_path and live_path != str(path):
         detail["path"] = live_path
@@ -738,10 +720,15 @@ def _make_call(
 
 
 def _live_report(
-    fn: Callable[..., Any], mod: types.ModuleType, path: Path, file_report: FormReport
+    fn: Callable[..., Any],
+    mod: types.ModuleType,
+    path: Path,
+    file_text: str,
+    file_report: FormReport,
 ) -> tuple[FormReport, str]:
     """The classifier's reading of the function that runs (under any wrappers), with
-    its module's flags and helpers; and the file it comes from."""
+    its module's flags and helpers; and the file it comes from (``file_text``: the text
+    of ``path``, already read)."""
     try:
         lines, first = inspect.getsourcelines(fn)
         where = inspect.getsourcefile(fn) or ""
@@ -755,7 +742,7 @@ def _live_report(
     # The module context (flags, helpers) is the function's own module's source.
     try:
         module_text = (
-            Path(where).read_text(encoding="utf-8") if where else path.read_text(encoding="utf-8")
+            Path(where).read_text(encoding="utf-8") if where and where != str(path) else file_text
         )
     except OSError:
         module_text = ""
