@@ -141,7 +141,7 @@ def _group(counts: dict, group: str) -> str:
         return "none"
     span = f"{g['id_min']}" if g["id_min"] == g["id_max"] else f"{g['id_min']}..{g['id_max']}"
     return (
-        f"{g['entries']}: ids {span}, {g['ids_out_of_range']} out of range, "
+        f"{g['entries']} entries, ids {span}, {g['ids_out_of_range']} out of range, "
         f"{g['weights_nonzero']} weights not 0"
     )
 
@@ -268,7 +268,7 @@ def section(rel: str, title: str, doc: dict) -> list[str]:
             f"({len(configs)} of {len(runs)} recorded it) returned "
             f"{cfg['columns']} columns ({cfg['top_k'] - cfg['num_fused_shared_experts']} routed + "
             f"{cfg['num_fused_shared_experts']} fused shared) over {cfg['routed_experts']} routed "
-            f"experts; the real rows' shared column, entries over every replay and layer: "
+            f"experts; the real rows' shared column over every replay and layer: "
             f"{real}; "
             + (
                 "no server logged `Shared experts fusion optimization is disabled`."
@@ -435,7 +435,8 @@ def section(rel: str, title: str, doc: dict) -> list[str]:
             a = run.get("topk_after_hook")
             if not a:
                 why = (
-                    "not read: the device faulted at the first padded replay, before the first read"
+                    "not read: the device faulted in the first padded replays, before the "
+                    "counts were first read"
                     if run.get("damage")
                     else "not recorded"
                 )
