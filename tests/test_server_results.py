@@ -1,7 +1,8 @@
 """The real-server run's committed results, its doc, and the harness's own logic.
 
-docs/server.md must be what benchmarks/server/report.py makes of
-benchmarks/results/server-h200.json, so no number in it is typed by hand. The harness
+docs/server.md must be what benchmarks/server/report.py makes of the committed records
+(benchmarks/results/server-h200.json for qwen3_moe, server-h200-deepseek.json for
+deepseek_v3), so no number in it is typed by hand. The harness
 (benchmarks/server/harness.py) runs only on a GPU machine, but how it judges a run
 (comparison, damage, padding, timing, log parsing) and how the bundle trims wheels are
 plain functions, checked here on small inputs and on the committed server logs.
@@ -15,6 +16,8 @@ import json
 import zipfile
 from pathlib import Path
 
+import pytest
+
 # benchmarks/ is on pytest's pythonpath: benchmarks/server is the namespace package `server`.
 from server import bundle, harness, report
 
@@ -24,10 +27,109 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 def test_server_md_is_generated_from_the_committed_json() -> None:
-    doc = json.loads((RESULTS / "server-h200.json").read_text())
-    expected = report.render(doc)
+    records = report.load_records()
+    assert [rel for rel, _, _ in records] == [rel for rel, _ in report.RECORDS]
+    expected = report.render(records)
     actual = (REPO / "docs" / "server.md").read_text()
     assert actual == expected, "docs/server.md is stale: run `python benchmarks/server/report.py`"
+
+
+def test_the_deepseek_record_served_the_harness_config_with_the_shared_expert_fused() -> None:
+    """The record is of the config harness.py holds, and every scheduler's TopK saw the
+    shared expert fused (one extra column, id n_routed_experts in real rows)."""
+    doc = json.loads((RESULTS / "server-h200-deepseek.json").read_text())
+    assert doc["model"] == {"name": "deepseek_v3", "config": harness.MODELS["deepseek_v3"]}
+    cfg = harness.MODELS["deepseek_v3"]
+    for label, run in doc["runs"].items():
+        topk = next(r["topk"] for r in run["records"] if r.get("captured_bs"))
+        assert topk == {
+            "top_k": cfg["num_experts_per_tok"] + 1,
+            "columns": cfg["num_experts_per_tok"] + 1,
+            "routed_experts": cfg["n_routed_experts"],
+            "num_fused_shared_experts": 1,
+        }, label
+        assert run["log"]["fusion_disabled_lines"] == [], label
+        after = run["topk_after_hook"]
+        if after is not None:
+            real = after["counts"]["real_shared"]
+            assert real["id_min"] == real["id_max"] == cfg["n_routed_experts"], label
+
+
+def _counts(**groups: dict) -> dict:
+    empty = {
+        "entries": 0,
+        "ids_out_of_range": 0,
+        "weights_nonzero": 0,
+        "id_min": None,
+        "id_max": None,
+    }
+    return {
+        g: {**empty, **groups.get(g, {})} for g in ("padded_routed", "padded_shared", "real_shared")
+    }
+
+
+def test_topk_summary_judges_the_shared_column_only_when_one_is_fused() -> None:
+    clean = {"entries": 8, "ids_out_of_range": 0, "weights_nonzero": 0, "id_min": 0, "id_max": 0}
+    bad_w = {**clean, "weights_nonzero": 1}
+    fused = {"top_k": 9, "columns": 9, "routed_experts": 256, "num_fused_shared_experts": 1}
+    plain = {**fused, "top_k": 8, "columns": 8, "num_fused_shared_experts": 0}
+
+    def summary(config: dict, **groups: dict) -> dict | None:
+        rec = {"captured_bs": [2], "topk": config, "topk_after_hook": _counts(**groups)}
+        return harness.topk_summary([{"replays": {}}, rec])
+
+    assert summary(fused, padded_routed=clean, padded_shared=clean)["padded_rows_clean"]
+    assert not summary(fused, padded_routed=clean, padded_shared=bad_w)["padded_rows_clean"]
+    out_of_range = {**clean, "ids_out_of_range": 1}
+    assert not summary(fused, padded_routed=out_of_range, padded_shared=clean)["padded_rows_clean"]
+    assert summary(plain, padded_routed=clean)["padded_rows_clean"]
+    # Nothing padded was seen: no verdict of clean.
+    assert not summary(fused)["padded_rows_clean"]
+    assert harness.topk_summary([{"replays": {}, "topk_after_hook": None}]) is None
+
+
+def test_select_runs() -> None:
+    assert [r.label for r in harness.select_runs("")] == ["a", "b", "c", "d", "e"]
+    assert [r.label for r in harness.select_runs("d, a")] == ["a", "d"]
+    with pytest.raises(SystemExit, match="unknown run label"):
+        harness.select_runs("a,x")
+
+
+def test_cost_text_says_what_a_ratio_beyond_the_spread_shows() -> None:
+    def size(b: list[float], d: list[float]) -> dict:
+        med = {x: sorted(v)[len(v) // 2] for x, v in (("b", b), ("d", d))}
+        return {
+            "b": {
+                "tpot_ms": b,
+                "tpot_ms_median": med["b"],
+                "decode_tok_s": [1.0],
+                "decode_tok_s_median": 1.0,
+            },
+            "d": {
+                "tpot_ms": d,
+                "tpot_ms_median": med["d"],
+                "decode_tok_s": [1.0],
+                "decode_tok_s_median": 1.0,
+            },
+            "tpot_ratio_b_over_d": round(med["b"] / med["d"], 4),
+            "throughput_ratio_b_over_d": 1.0,
+        }
+
+    doc = {"model": {"config": {"num_hidden_layers": 4}}}
+    ov = {
+        "rounds": 3,
+        "max_new_tokens": 8,
+        "sizes": {"1": size([1.0, 1.01, 1.02], [1.0, 1.01, 1.02])},
+    }
+    text = "\n".join(report._cost(doc, ov, {"capture_bs": [2]}, counted=False))
+    assert "Every difference is inside the noise" in text
+    ov["sizes"]["1"] = size([1.0, 1.01, 1.02], [2.0, 2.01, 2.02])
+    text = "\n".join(report._cost(doc, ov, {"capture_bs": [2]}, counted=True))
+    assert "(b) faster than (d) beyond the spread at batch 1" in text
+    assert "no evidence that the plugin speeds decoding up" in text
+    ov["sizes"]["1"] = size([2.0, 2.01, 2.02], [1.0, 1.01, 1.02])
+    text = "\n".join(report._cost(doc, ov, {"capture_bs": [2]}, counted=True))
+    assert "(b) slower than (d) beyond the spread at batch 1" in text
 
 
 def test_every_request_batch_is_padded_in_its_graph() -> None:
@@ -131,6 +233,17 @@ def test_parse_log_reads_the_committed_server_logs() -> None:
     assert any("illegal instruction" in line for line in c["fault_lines"])
 
 
+def test_parse_log_finds_a_disabled_shared_expert_fusion() -> None:
+    line = (
+        "[2026-12-02 01:17:14] Config does not support fused shared expert(s). "
+        "Shared experts fusion optimization is disabled."
+    )
+    assert harness.parse_log(f"x\n{line}\ny\n")["fusion_disabled_lines"] == [line]
+    d = harness.parse_log((RESULTS / "server-h200-deepseek-d.log").read_text())
+    assert d["fusion_disabled_lines"] == []
+    assert {x["process"] for x in d["plugin_lines"]} >= {"run_scheduler_process"}
+
+
 def _wheel(path: Path, files: dict[str, bytes]) -> None:
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
@@ -141,6 +254,29 @@ def _wheel(path: Path, files: dict[str, bytes]) -> None:
         for name, data in files.items():
             zf.writestr(name, data)
         zf.writestr("demo-1.0.dist-info/RECORD", record.getvalue())
+
+
+def test_recompress_wheel_keeps_every_member_and_its_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "demo-1.0-py3-none-any.whl"
+    files = {"demo/__init__.py": b"x = 1\n", "demo/data.bin": bytes(range(256)) * 64}
+    _wheel(path, files)
+    with zipfile.ZipFile(path) as zf:
+        before = [(i.filename, i.date_time, i.external_attr, zf.read(i)) for i in zf.infolist()]
+    sizes = bundle.recompress_wheel(path)
+    assert sizes["bytes_lzma"] == path.stat().st_size
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None
+        assert all(i.compress_type == zipfile.ZIP_LZMA for i in zf.infolist())
+        after = [(i.filename, i.date_time, i.external_attr, zf.read(i)) for i in zf.infolist()]
+    assert after == before
+
+
+def test_bundle_carries_every_file_the_servers_load() -> None:
+    for rel in bundle.SERVER_FILES:
+        assert (SERVER / rel).is_file(), rel
+    assert {p.name for p in (SERVER / "site").glob("*.py")} == {
+        rel.split("/")[1] for rel in bundle.SERVER_FILES if rel.startswith("site/")
+    }
 
 
 def test_trim_wheel_drops_members_and_their_record_rows(tmp_path: Path) -> None:

@@ -12,7 +12,12 @@ at the padded rows. Its logic is checked here with the same release the GPU run 
   capture nothing changes;
 * without the plugin, upstream's HIP branch zeroes the padded weights and passes the
   garbage ids on; with the plugin (the real ``load_plugins()``), padded rows leave with
-  id 0 and weight 0, and real rows are the same in every case.
+  id 0 and weight 0, and real rows are the same in every case;
+* with DeepSeek-V3's routing and its shared expert fused (``num_fused_shared_experts=1``:
+  the router writes expert 256 into a ninth column), the same holds for that column, and
+  the record's ``topk_after_hook`` counts (the Triton kernel of ``site/topk_counts.py``,
+  run here by Triton's interpreter) say so: garbage ids in the routed and shared columns
+  of padded rows without the plugin, none with it, expert 256 in real rows either way.
 """
 
 from __future__ import annotations
@@ -23,34 +28,55 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from server.harness import free_port  # below 55535: SGLang adds 10000 for gRPC
+from server.harness import MODELS, free_port  # free_port: below 55535 (SGLang adds 10000)
 
 REPO = Path(__file__).resolve().parents[1]
 SITE = REPO / "benchmarks" / "server" / "site"
 PYTHON = REPO / ".compat" / "0.5.13.post1" / "bin" / "python"
 M, N, K, E = 8, 5, 4, 16
+# DeepSeek-V3's routing (DeepseekV2MoE's TopK with the shared expert fused).
+DS_M, DS_N, DS_K, DS_E = 12, 5, 8, 256
 
 PROBE = """
-import json, os, sys, warnings
+import dataclasses, json, os, sys, warnings
 warnings.simplefilter("ignore")
 import torch, torch._dynamo
 import sitecustomize as sc
 from sglang.srt.layers.moe import topk
 import sglang.srt.model_executor.cuda_graph_runner as cgr
 from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                              distributed_init_method="tcp://127.0.0.1:" + os.environ["PROBE_PORT"])
 initialize_model_parallel(1)
+# TopK reads the server's arguments when a shared expert is fused: the release's defaults
+# (set field by field: ServerArgs.__post_init__ would look for a model).
+args = object.__new__(ServerArgs)
+for f in dataclasses.fields(ServerArgs):
+    if f.default is not dataclasses.MISSING:
+        setattr(args, f.name, f.default)
+    elif f.default_factory is not dataclasses.MISSING:
+        setattr(args, f.name, f.default_factory())
+    else:
+        setattr(args, f.name, None)
+set_global_server_args_for_scheduler(args)
 if os.environ.get("PROBE_PLUGIN") == "1":
     from sglang.srt.plugins import load_plugins
     load_plugins()
 M, N, K, E = (int(x) for x in sys.argv[2:6])
+shape = sys.argv[6]
 g = torch.Generator().manual_seed(0)
 hidden = torch.randn(M, 32, generator=g)
 logits = torch.randn(M, E, generator=g)
-layer = topk.TopK(top_k=K, use_grouped_topk=True, num_expert_group=4, topk_group=2,
-                  correction_bias=torch.zeros(E), scoring_func="sigmoid", renormalize=True)
+if shape == "deepseek_v3":
+    layer = topk.TopK(top_k=K + 1, use_grouped_topk=True, num_expert_group=8, topk_group=4,
+                      num_fused_shared_experts=1,
+                      correction_bias=torch.randn(E, generator=g) * 0.1,
+                      scoring_func="sigmoid", renormalize=True, routed_scaling_factor=2.5)
+else:
+    layer = topk.TopK(top_k=K, use_grouped_topk=True, num_expert_group=4, topk_group=2,
+                      correction_bias=torch.zeros(E), scoring_func="sigmoid", renormalize=True)
 # On the GPU the count tensor is made at the first graph capture; here it lives on the CPU.
 sc._STATE["count"] = torch.tensor([N], dtype=torch.int32)
 out = {"flags": [topk._is_hip, topk._is_cuda]}
@@ -61,12 +87,17 @@ with torch._dynamo.config.patch(disable=True):  # SGLang's torch.compile'd route
         r = layer.forward_cuda(hidden, logits)
     weights = [[x if x == x else "nan" for x in row] for row in r.topk_weights.tolist()]
     out["capture"] = [r.topk_ids.tolist(), weights]
+sc._collect_topk_counts(force=True)  # no graph replays here: read the counts now
 out["record"] = sc.RECORD.data
 json.dump(out, open(sys.argv[1], "w"))
 """
 
 
-def _run_both(tmp_path: Path) -> dict[str, dict]:
+def _run_both(tmp_path: Path, shape: str, m: int, n: int, k: int, e: int) -> dict[str, dict]:
+    if not PYTHON.exists():
+        pytest.skip(
+            f"SGLang 0.5.13.post1 not built at {PYTHON.parent.parent} (make test builds it)"
+        )
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     procs = {}
@@ -81,11 +112,13 @@ def _run_both(tmp_path: Path) -> dict[str, dict]:
             SGLANG_AMD_MOE_TEST_HIP_BRANCH="1",
             SGLANG_AMD_MOE_TEST_INJECT="1",
             SGLANG_AMD_MOE_TEST_PASS_COUNT="1",
+            SGLANG_AMD_MOE_TEST_RECORD_DIR=str(tmp_path / f"records-{mode}"),
         )
+        (tmp_path / f"records-{mode}").mkdir()
         if mode == "plugin":
             env.update(PROBE_PLUGIN="1", SGLANG_AMD_MOE_FORCE="1")
         out = tmp_path / f"{mode}.json"
-        cmd = [str(PYTHON), str(script), str(out), str(M), str(N), str(K), str(E)]
+        cmd = [str(PYTHON), str(script), str(out), str(m), str(n), str(k), str(e), shape]
         procs[mode] = (
             subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True),
             out,
@@ -101,11 +134,7 @@ def _run_both(tmp_path: Path) -> dict[str, dict]:
 
 @pytest.mark.sglang
 def test_switches_emulate_amd_padded_rows_and_the_plugin_masks_them(tmp_path: Path) -> None:
-    if not PYTHON.exists():
-        pytest.skip(
-            f"SGLang 0.5.13.post1 not built at {PYTHON.parent.parent} (make test builds it)"
-        )
-    runs = _run_both(tmp_path)
+    runs = _run_both(tmp_path, "grouped", M, N, K, E)
     for mode, r in runs.items():
         assert r["flags"] == [True, False], mode
         eager_ids, eager_w = r["eager"]
@@ -125,3 +154,111 @@ def test_switches_emulate_amd_padded_rows_and_the_plugin_masks_them(tmp_path: Pa
     plug_ids, plug_w = runs["plugin"]["capture"]
     assert plug_ids[N:] == [[0] * K] * (M - N)
     assert all(w == 0.0 for row in plug_w[N:] for w in row)
+
+
+@pytest.mark.sglang
+def test_fused_shared_expert_column_of_padded_rows_is_masked_and_counted(tmp_path: Path) -> None:
+    m, n, k, e = DS_M, DS_N, DS_K, DS_E
+    pad = m - n
+    runs = _run_both(tmp_path, "deepseek_v3", m, n, k, e)
+    for mode, r in runs.items():
+        eager_ids, eager_w = r["eager"]
+        ids, weights = r["capture"]
+        # The fused shared expert: a ninth column, expert e, in every real row.
+        assert all(len(row) == k + 1 and row[k] == e for row in eager_ids), mode
+        assert ids[:n] == eager_ids[:n] and weights[:n] == eager_w[:n], mode
+        assert r["record"]["topk"] == {
+            "top_k": k + 1,
+            "columns": k + 1,
+            "routed_experts": e,
+            "num_fused_shared_experts": 1,
+        }, mode
+        counts = r["record"]["topk_after_hook"]
+        assert counts["padded_routed"]["entries"] == pad * k, mode
+        assert counts["padded_shared"]["entries"] == pad, mode
+        assert counts["real_shared"] == {
+            "entries": n,
+            "ids_out_of_range": 0,
+            "weights_nonzero": n,
+            "id_min": e,
+            "id_max": e,
+        }, mode
+    bare_w = runs["bare"]["capture"][1]
+    assert all(w == 0.0 for row in bare_w[n:] for w in row)  # upstream zeroes the weights
+    bare = runs["bare"]["record"]["topk_after_hook"]
+    # The garbage ids reach the MoE, in the shared column too.
+    assert bare["padded_routed"]["ids_out_of_range"] >= pad * k - 1
+    assert bare["padded_shared"]["ids_out_of_range"] >= pad - 1
+    assert bare["padded_routed"]["weights_nonzero"] == bare["padded_shared"]["weights_nonzero"] == 0
+    plug_ids, plug_w = runs["plugin"]["capture"]
+    assert plug_ids[n:] == [[0] * (k + 1)] * pad
+    assert all(w == 0.0 for row in plug_w[n:] for w in row)
+    plug = runs["plugin"]["record"]["topk_after_hook"]
+    for group in ("padded_routed", "padded_shared"):
+        assert plug[group]["ids_out_of_range"] == plug[group]["weights_nonzero"] == 0, group
+        assert plug[group]["id_min"] == plug[group]["id_max"] == 0, group
+
+
+MLA_PROBE = """
+import json, sys, torch
+from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+
+def run(kv_lora, rope, heads, bs=3, seq=40, splits=4):
+    lk = kv_lora + rope
+    g = torch.Generator().manual_seed(0)
+    # float16: Triton's interpreter computes bfloat16 dots wrongly on the CPU.
+    q = torch.randn(bs, heads, lk, generator=g).half()
+    k_buf = torch.randn(bs * seq, 1, lk, generator=g).half()
+    v_buf = k_buf[..., :kv_lora]  # MLA: the value is the latent part of the key
+    o = torch.zeros(bs, heads, kv_lora).half()
+    indptr = torch.arange(bs + 1, dtype=torch.int32) * seq
+    indices = torch.arange(bs * seq, dtype=torch.int64)
+    logits = torch.empty(bs, heads, splits, kv_lora)
+    lse = torch.empty(bs, heads, splits)
+    scale = lk ** -0.5
+    try:
+        decode_attention_fwd(q, k_buf, v_buf, o, indptr, indices, logits, lse,
+                             torch.full((bs,), splits, dtype=torch.int32), splits, scale,
+                             1.0, 1.0, has_mla=True)
+    except Exception as exc:
+        return {"error": repr(exc)}
+    ref = torch.stack([
+        torch.softmax(q[b].float() @ k_buf[b * seq:(b + 1) * seq, 0].float().T * scale, -1)
+        @ v_buf[b * seq:(b + 1) * seq, 0].float()
+        for b in range(bs)
+    ])
+    return {"max_abs_diff": (o.float() - ref).abs().max().item()}
+
+cfg = json.loads(sys.argv[2])
+out = {
+    "config": run(cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["num_attention_heads"]),
+    "earlier": run(128, 32, cfg["num_attention_heads"]),
+}
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.sglang
+def test_deepseek_config_fits_sglangs_triton_mla_decode_kernel(tmp_path: Path) -> None:
+    """The harness's DeepSeek-V3 MLA dimensions run SGLang's Triton MLA decode kernel (the
+    one the servers capture) and match plain attention over the latent; the earlier
+    config's 128 + 32 fails there exactly as every server did on the GPU."""
+    if not PYTHON.exists():
+        pytest.skip(f"SGLang 0.5.13.post1 not built at {PYTHON.parent.parent}")
+    script, out = tmp_path / "mla.py", tmp_path / "mla.json"
+    script.write_text(MLA_PROBE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_")}
+    env.update(TRITON_INTERPRET="1", PYTHONDONTWRITEBYTECODE="1")
+    cfg = json.dumps(MODELS["deepseek_v3"])
+    proc = subprocess.run(
+        [str(PYTHON), str(script), str(out), cfg],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["config"].get("max_abs_diff", 1.0) < 2e-3, result
+    assert "incompatible dimensions at index 1: 128 and 256" in result["earlier"]["error"]

@@ -14,6 +14,8 @@ site=/tmp/sglang-amd-moe-server-site
 rm -rf "$site"
 {
     echo "[device.sh $(date +%T)] installing $(ls "$bundle"/wheels/*.whl | wc -l) wheels into $site"
+    # The largest wheels are stored with LZMA (bundle.py): pip unpacks them with zipfile.
+    python3 -c "import lzma" || { echo "python3 has no lzma: cannot unpack the wheels"; exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
         "$bundle"/wheels/*.whl || exit 1
     echo "[device.sh $(date +%T)] installed"

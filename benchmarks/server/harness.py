@@ -10,25 +10,38 @@ batches cannot reach the MoE with garbage, and real rows come out exactly as bef
 Five servers run side by side on the GPU, each a tiny MoE model (``--load-format dummy``:
 SGLang's fixed-seed dummy weights; ``--skip-tokenizer-init``: token ids in, token ids
 out), CUDA graphs captured at a few batch sizes, Triton attention and PyTorch sampling.
-Every server takes SGLang's HIP branch in its topk module (a test-only switch, see
-``site/sitecustomize.py``); they differ in the plugin and in what the router leaves in
-padded rows:
+Two model classes (``--models``; one record each, docs/server.md):
 
-===  ==========  ====================================  =====================================
-run  plugin      padded rows of the router's output     TopK gets the real token count
-===  ==========  ====================================  =====================================
-a    on          garbage ids, NaN weights (AMD-like)    yes
-b    on          as the router computed them            yes
-c    off         garbage ids, NaN weights               yes
-d    off         as the router computed them            yes
-e    on          garbage ids, NaN weights               no (what 0.5.13.post1 gives on 1 GPU)
-===  ==========  ====================================  =====================================
+``qwen3_moe``
+    softmax top-8 of 64 experts (``fused_topk``), no shared expert.
+``deepseek_v3``
+    the class DeepSeek-R1 users serve: MLA attention with DeepSeek-V3's head dimensions
+    (kv_lora_rank 512, rope 64, nope 128, v 128; SGLang's Triton MLA decode kernel uses
+    the key block, latent plus rope, as the value, so the key's padded width must be the
+    latent's: with 128 + 32 it was 256 against 128 and every server stopped at its first
+    capture), DeepSeek-V3's routing (256 experts in 8 groups, the best 4 groups, top 8,
+    sigmoid scores plus ``e_score_correction_bias``: ``biased_grouped_topk``), and the
+    shared expert fused into the routed ones. SGLang 0.5.13.post1 fuses it by default (no
+    server argument; ``--disable-shared-experts-fusion`` turns it off) when
+    ``DeepseekV2ForCausalLM.determine_num_fused_shared_experts`` finds the architecture
+    ``DeepseekV3ForCausalLM``, ``n_routed_experts`` in (256, 384) (384 only with Quark),
+    ``n_shared_experts == 1``, a CUDA device of capability 8.0 or more (or gfx942+),
+    expert parallelism 1 on CUDA, no TBO/SBO, no DeepEP and no W4AFP8. ``TopK`` then
+    returns 9 columns: on ROCm without aiter (what these servers emulate) the router
+    itself writes the shared expert, id 256, into the last column of every row before
+    ``_post_process_topk_ids``; the append inside ``_post_process_topk_ids``
+    (``fused_append_shared_experts``) runs only with aiter (``_use_aiter``), which cannot
+    run here.
 
 The same greedy requests go to every server, one batch of concurrent requests per round,
 with batch sizes between the captured sizes so every decode replay has padded rows.
-Expected: a == b == d token for token; c (and e) show the damage. Then the cost: (b) vs
+Expected: a == b == d token for token; c (and e) show the damage. Each scheduler's
+record (``site/sitecustomize.py``) also counts, over every replay, what ``TopK`` hands the
+MoE after ``_post_process_topk_ids``: in padded rows, ids in range and zero weights in the
+routed columns and the appended shared-expert column, or not. Then the cost: (b) vs
 (d) alone on the GPU, interleaved rounds of streamed requests at batch sizes 1, 8 and 32,
-time per output token and decode throughput as ratios from the same run.
+time per output token and decode throughput as ratios from the same run. ``--runs``
+starts fewer servers (a rehearsal: ``--runs a`` is one server to its first decodes).
 
 Standard library only, so it runs under whatever Python the GPU machine has. Output:
 ``--out``/server-h200.json (rewritten after every phase), one log per server, and this
@@ -75,9 +88,8 @@ PROMPT_SEED = 20260
 FIRST_TOKEN_ID = 3  # ids 0-2 are the configs' pad/bos/eos
 
 # A small config of a model class SGLang ships, per family. The router of both goes
-# through SGLang's TopK -> select_experts -> _post_process_topk_ids. The run of record
-# serves qwen3_moe; deepseek_v3 (MLA attention, grouped routing with a shared expert) is
-# there for `--models deepseek_v3` and has not been run on the GPU machine yet.
+# through SGLang's TopK -> select_experts -> _post_process_topk_ids. Each has its record:
+# benchmarks/results/server-h200.json (qwen3_moe) and server-h200-deepseek.json.
 MODELS: dict[str, dict] = {
     "qwen3_moe": {
         "architectures": ["Qwen3MoeForCausalLM"],
@@ -116,24 +128,33 @@ MODELS: dict[str, dict] = {
         "intermediate_size": 1024,
         "moe_intermediate_size": 256,
         "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        # DeepSeek-V3's MLA head dimensions: the Triton MLA decode kernel takes the
+        # latent (kv_lora_rank) as its value and needs next_power_of_2(kv_lora_rank +
+        # qk_rope_head_dim) == next_power_of_2(kv_lora_rank) unless the sum is one of its
+        # split cases (576 = 512 + 64, 288 = 256 + 32); 128 + 32 failed there.
+        "q_lora_rank": 256,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        # DeepSeek-V3's routing: 256 routed experts in 8 groups, the best 4 groups, 8
+        # experts a token, sigmoid scores plus e_score_correction_bias (noaux_tc), and one
+        # shared expert, which SGLang 0.5.13.post1 fuses into the routed ones as expert 256
+        # only for n_routed_experts in (256, 384) (DeepseekV2ForCausalLM.
+        # determine_num_fused_shared_experts).
+        "n_routed_experts": 256,
         "n_shared_experts": 1,
-        "n_routed_experts": 64,
-        "num_experts_per_tok": 6,
+        "num_experts_per_tok": 8,
         "n_group": 8,
         "topk_group": 4,
         "topk_method": "noaux_tc",
         "scoring_func": "sigmoid",
         "norm_topk_prob": True,
-        "routed_scaling_factor": 1.0,
+        "routed_scaling_factor": 2.5,
         "first_k_dense_replace": 0,
         "moe_layer_freq": 1,
-        "q_lora_rank": None,
-        "kv_lora_rank": 128,
-        "qk_nope_head_dim": 64,
-        "qk_rope_head_dim": 32,
-        "v_head_dim": 64,
         "hidden_act": "silu",
         "max_position_embeddings": 2048,
         "rms_norm_eps": 1e-6,
@@ -170,6 +191,15 @@ RUNS: tuple[Run, ...] = (
 REFERENCE = "b"
 EQUAL_RUNS = ("a", "b", "d")
 OVERHEAD_PAIR = ("b", "d")
+
+
+def select_runs(labels: str) -> tuple[Run, ...]:
+    """The runs named in ``--runs`` (comma-separated labels; empty: all five)."""
+    wanted = [x.strip() for x in labels.split(",") if x.strip()]
+    unknown = sorted(set(wanted) - {r.label for r in RUNS})
+    if unknown:
+        raise SystemExit(f"unknown run label(s): {', '.join(unknown)}")
+    return tuple(r for r in RUNS if not wanted or r.label in wanted)
 
 
 def log(msg: str) -> None:
@@ -527,6 +557,9 @@ HOOK_APPLIED = re.compile(
 )
 TEST_LINE = re.compile(r"^SERVER-TEST (\S+) pid=(\d+): (.*)$", re.M)
 CAPTURE_LINE = re.compile(r"Capture cuda graph (bs \[[^\]]*\]|end\. Time elapsed: [^\n]*)")
+# DeepseekV2ForCausalLM.determine_num_fused_shared_experts says so when it turns the
+# shared-expert fusion off (and says nothing when it keeps it on).
+FUSION_OFF_LINE = re.compile(r"^.*Shared experts fusion optimization is disabled.*$", re.M)
 FAULT = re.compile(
     r"illegal memory access|CUDA error|device-side assert|unspecified launch failure|"
     r"misaligned address|Xid|CUBLAS_STATUS|cudaError",
@@ -550,6 +583,7 @@ def parse_log(text: str) -> dict:
         "hook_applied": lines(HOOK_APPLIED),
         "test_switch_lines": lines(TEST_LINE),
         "capture_lines": CAPTURE_LINE.findall(text),
+        "fusion_disabled_lines": [x.strip() for x in FUSION_OFF_LINE.findall(text)][:5],
         "fault_lines": faults[:20],
         "traceback": "Traceback (most recent call last)" in text,
     }
@@ -627,6 +661,28 @@ def padding_summary(records: list[dict]) -> dict:
             padded += n if raw < pad else 0
             sizes[key] = sizes.get(key, 0) + n
     return {"replays": total, "replays_with_padded_rows": padded, "by_real_over_padded": sizes}
+
+
+def topk_summary(records: list[dict]) -> dict | None:
+    """What ``TopK`` handed the MoE in the graph-replaying process (``sitecustomize``'s
+    ``topk_after_hook`` counts, over every replay and MoE layer), and the verdict: padded
+    rows are clean when every id is in range and every weight zero, in the routed columns
+    and, where a shared expert is fused, in its appended column too. None: not recorded."""
+    rec = next((r for r in records if r.get("topk_after_hook")), None)
+    if rec is None:
+        return None
+    counts = rec["topk_after_hook"]
+    config = rec.get("topk") or {}
+    groups = ["padded_routed"]
+    if config.get("num_fused_shared_experts"):
+        groups.append("padded_shared")
+    clean = all(
+        counts[g]["entries"] > 0
+        and counts[g]["ids_out_of_range"] == 0
+        and counts[g]["weights_nonzero"] == 0
+        for g in groups
+    )
+    return {"config": config, "counts": counts, "padded_rows_clean": clean}
 
 
 # --------------------------------------------------------------------------------- main
@@ -789,6 +845,9 @@ def run_overhead(
 
 def attempt(model: str, args, results: Results) -> bool:
     """All runs with one model; False when the reference server never came up."""
+    runs = select_runs(args.runs)
+    # The reference is (b) when it runs; a rehearsal with fewer runs compares to its first.
+    reference = REFERENCE if any(r.label == REFERENCE for r in runs) else runs[0].label
     model_dir = write_model(model, WORK / "models")
     vocab = MODELS[model]["vocab_size"]
     doc = results.doc
@@ -809,12 +868,12 @@ def attempt(model: str, args, results: Results) -> bool:
             "inject": r.inject,
             "pass_count": r.pass_count,
         }
-        for r in RUNS
+        for r in runs
     }
     extra = args.extra_server_args.split()
     servers = {
         r.label: Server(r, args.python, model_dir, args.out, args.sitecustomize_dir, extra)
-        for r in RUNS
+        for r in runs
     }
     for label, s in servers.items():
         doc["runs"][label]["env"] = {
@@ -832,15 +891,16 @@ def attempt(model: str, args, results: Results) -> bool:
             doc["runs"][label]["ready_s"] = s.ready_s
             doc["runs"][label]["startup_failure"] = s.failed or None
         results.save()
-        if servers[REFERENCE].ready_s is None:
-            doc["runs"][REFERENCE]["log_tail"] = servers[REFERENCE].log_text()[-6000:]
+        doc["reference"] = reference
+        if servers[reference].ready_s is None:
+            doc["runs"][reference]["log_tail"] = servers[reference].log_text()[-6000:]
             return False
 
         t1 = time.monotonic()
         outputs = run_checks(servers, vocab, args.rounds, args.max_new_tokens, args.request_timeout)
         doc["phases"]["checks_s"] = round(time.monotonic() - t1, 1)
         time.sleep(2.5)  # the record files are rewritten once a second
-        ref = outputs[REFERENCE]
+        ref = outputs[reference]
         for label, s in servers.items():
             text = s.log_text()
             parsed = parse_log(text)
@@ -851,6 +911,7 @@ def attempt(model: str, args, results: Results) -> bool:
                 log=parsed,
                 records=records,
                 padding=padding_summary(records),
+                topk_after_hook=topk_summary(records),
                 compare_to_b=cmp,
                 alive_after_checks=not died,
                 damage=damage(cmp, parsed, died),
@@ -862,8 +923,9 @@ def attempt(model: str, args, results: Results) -> bool:
             if died or parsed["traceback"]:
                 doc["runs"][label]["log_tail"] = text[-4000:]
         eq = {}
-        for x in EQUAL_RUNS:
-            for y in EQUAL_RUNS:
+        present = [x for x in EQUAL_RUNS if x in servers]
+        for x in present:
+            for y in present:
                 if x < y:
                     eq[f"{x}=={y}"] = bool(outputs[x]) and all(
                         "ids" in p and "ids" in q and p["ids"] == q["ids"]
@@ -881,6 +943,8 @@ def attempt(model: str, args, results: Results) -> bool:
                 servers[label].stop()
         if args.remaining() < 45:
             doc["overhead"] = {"skipped": f"only {args.remaining():.0f} s of the time budget left"}
+        elif not all(x in servers for x in OVERHEAD_PAIR):
+            doc["overhead"] = {"skipped": "b and d were not both started (--runs)"}
         elif all(servers[x].alive() and not servers[x].failed for x in OVERHEAD_PAIR):
             t2 = time.monotonic()
             doc["overhead"] = run_overhead(
@@ -914,6 +978,9 @@ def main() -> int:
     p.add_argument("--ready-timeout", type=float, default=420)
     p.add_argument("--request-timeout", type=float, default=60)
     p.add_argument("--extra-server-args", default="", help="appended to every launch (rehearsals)")
+    p.add_argument(
+        "--runs", default="", help="comma-separated run labels to start (rehearsals; default all)"
+    )
     p.add_argument(
         "--time-budget",
         type=float,
@@ -953,7 +1020,7 @@ def main() -> int:
             }
             entry["log_tails"] = {
                 label: Path(args.out / f"server-{label}.log").read_text(errors="replace")[-6000:]
-                for label in (r.label for r in RUNS)
+                for label in (r.label for r in select_runs(args.runs))
                 if (args.out / f"server-{label}.log").exists()
             }
         results.doc["attempts"].append(entry)

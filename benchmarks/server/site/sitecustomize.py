@@ -31,9 +31,16 @@ ships in the wheel. Each is off unless its variable is ``1``:
 
 ``SGLANG_AMD_MOE_TEST_RECORD_DIR`` (a folder): each process that captures CUDA graphs
 writes ``record-<pid>.json`` there: the topk flags and the plugin's hook state as seen at
-the first capture, the batch sizes captured, and every replay's (real, padded) token
-counts. The harness reads these files; they are written at once for the first three
-replays (a server that faults there keeps them), then at most once a second.
+the first capture, the batch sizes captured, every replay's (real, padded) token counts,
+and what ``TopK`` hands the MoE (after ``_post_process_topk_ids``, so after the plugin's
+hook): its configuration (columns, routed experts, fused shared experts) and, over every
+graph replay and MoE layer, the padded rows' routed columns and appended shared-expert
+columns apart, and the real rows' shared columns: entries seen, ids outside
+``[0, routed + shared experts)``, weights not zero (NaN included), and the id range. One
+small Triton kernel per ``TopK`` call, captured into the graphs, counts on the device; a
+thread reads the counts once a second after the first replay (no synchronisation on the
+server's own path). The harness reads these files; they are written at once for the first
+three replays (a server that faults there keeps them), then at most once a second.
 
 The padded-row count lives in one int32 device tensor per process: set to the capture
 size while a graph is captured (no padded rows during capture) and to the real token
@@ -101,6 +108,8 @@ class _Record:
             "count_supplied_at_capture": 0,
             "injected_at_capture": 0,
             "replays": {},
+            "topk": None,
+            "topk_after_hook": None,
             "errors": [],
         }
         self.dirty = False
@@ -120,6 +129,7 @@ class _Record:
     def _writer(self) -> None:
         while True:
             time.sleep(1.0)
+            _collect_topk_counts()
             self.flush()
 
     def flush(self) -> None:
@@ -148,7 +158,14 @@ def _error(where: str) -> None:
 
 # ------------------------------------------------------------------------ the count
 
-_STATE: dict = {"count": None, "salt": itertools.count(1), "replays": 0}
+_STATE: dict = {
+    "count": None,
+    "salt": itertools.count(1),
+    "replays": 0,
+    "topk_counts": None,
+    "topk_counts_seen": None,
+    "topk_counts_failed": False,
+}
 
 
 def _capturing() -> bool:
@@ -206,6 +223,66 @@ def _wrap_router(fn):
     return router
 
 
+# ------------------------------------------------------ what TopK hands the MoE
+
+
+def _counts_module():
+    """``topk_counts.py`` beside this file (it imports Triton: loaded on first use)."""
+    mod = sys.modules.get("_server_test_topk_counts")
+    if mod is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "topk_counts.py")
+        spec = importlib.util.spec_from_file_location("_server_test_topk_counts", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+def _count_topk_output(layer, out) -> None:
+    """Count what ``TopK`` returned (capture only: the launch is captured into the graph,
+    so every replay counts its own rows against its own real token count)."""
+    ids, weights = getattr(out, "topk_ids", None), getattr(out, "topk_weights", None)
+    logits = getattr(out, "router_logits", None)
+    if not _capturing() or ids is None or weights is None or ids.dim() != 2:
+        return
+    counts = _counts_module()
+    cfg = layer.topk_config
+    shared = int(getattr(cfg, "num_fused_shared_experts", 0) or 0)
+    routed = int(logits.shape[-1]) if logits is not None else 0
+    if RECORD.data["topk"] is None:
+        info = {
+            "top_k": int(cfg.top_k),
+            "columns": int(ids.shape[1]),
+            "routed_experts": routed,
+            "num_fused_shared_experts": shared,
+        }
+        RECORD.update(lambda d: d.__setitem__("topk", d["topk"] or info))
+    if _STATE["topk_counts"] is None:
+        _STATE["topk_counts"] = counts.new_counts(ids.device)
+    counts.count_topk_rows(
+        ids, weights, _count_tensor(), _STATE["topk_counts"], shared, routed + shared
+    )
+
+
+def _collect_topk_counts(force: bool = False) -> None:
+    """Copy the device counts into the record (after the first replay, when every graph
+    is captured; ``force`` for a process that never replays)."""
+    t = _STATE["topk_counts"]
+    if t is None or _STATE["topk_counts_failed"] or not (force or _STATE["replays"]):
+        return
+    try:
+        rows = t.tolist()
+    except Exception:  # a faulted device: keep what was read before
+        _STATE["topk_counts_failed"] = True
+        _error("reading the TopK counts")
+        return
+    if rows == _STATE["topk_counts_seen"]:
+        return
+    _STATE["topk_counts_seen"] = rows
+    doc = _counts_module().as_record(rows)
+    RECORD.update(lambda d: d.__setitem__("topk_after_hook", doc))
+
+
 # -------------------------------------------------------------------------- patches
 
 
@@ -219,22 +296,32 @@ def _patch_topk(mod) -> None:
             if callable(fn):
                 setattr(mod, name, _wrap_router(fn))
         _say(f"{TOPK}: router garbage in padded rows ({', '.join(ROUTERS)})")
-    if PASS_COUNT:
+    if PASS_COUNT or RECORD_DIR:
         cls = mod.TopK
         original = cls.forward_cuda
 
         def forward_cuda(self, hidden_states, router_logits, *args, **kwargs):
-            if kwargs.get("num_token_non_padded") is None and _capturing():
+            if PASS_COUNT and kwargs.get("num_token_non_padded") is None and _capturing():
                 kwargs["num_token_non_padded"] = _count_tensor()
                 RECORD.update(
                     lambda d: d.__setitem__(
                         "count_supplied_at_capture", d["count_supplied_at_capture"] + 1
                     )
                 )
-            return original(self, hidden_states, router_logits, *args, **kwargs)
+            out = original(self, hidden_states, router_logits, *args, **kwargs)
+            if RECORD_DIR and not _STATE["topk_counts_failed"]:
+                try:
+                    _count_topk_output(self, out)
+                except Exception:
+                    _STATE["topk_counts_failed"] = True  # report once, then stop counting
+                    _error("counting TopK's output")
+            return out
 
         cls.forward_cuda = forward_cuda
-        _say(f"{TOPK}: TopK gets the real token count as num_token_non_padded in CUDA graphs")
+        if PASS_COUNT:
+            _say(f"{TOPK}: TopK gets the real token count as num_token_non_padded in CUDA graphs")
+        if RECORD_DIR:
+            _say(f"{TOPK}: TopK's output counted in padded and real rows of every graph replay")
 
 
 def _hook_state() -> dict:
@@ -275,7 +362,7 @@ def _patch_graph_runner(mod) -> None:
                 d["captured_bs"].append(bs)
 
             RECORD.update(first)
-            if PASS_COUNT or INJECT:
+            if PASS_COUNT or INJECT or RECORD_DIR:
                 _count_tensor().fill_(bs * self.num_tokens_per_bs)
         except Exception:
             _error("capture_one_batch_size")
@@ -379,7 +466,7 @@ def _install() -> None:
     if _on("PROBE_LOGGING"):
         _probe_logging()
     callbacks = {}
-    if HIP_BRANCH or INJECT or PASS_COUNT:
+    if HIP_BRANCH or INJECT or PASS_COUNT or RECORD_DIR:
         callbacks[TOPK] = _patch_topk
     if HIP_BRANCH or INJECT or PASS_COUNT or RECORD_DIR:
         callbacks[GRAPH_RUNNER] = _patch_graph_runner
