@@ -19,12 +19,12 @@ import pytest
 import releases
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sglang_amd_moe.runtime.target import HookStatus
+from sglang_amd_moe.runtime.sglang.probe import Observation, ProbeResult
 from sglang_release_support import require_built, switches_off
 
 from sglang_amd_moe.diagnostics import audit, patching
 from sglang_amd_moe.runtime import sglang_forms
-from sglang_amd_moe.runtime.hookstate import HookStatus
-from sglang_amd_moe.runtime.sglang_probe import Observation, ProbeResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -586,7 +586,7 @@ def test_verdict_from_hook_status_after_load(
 ) -> None:
     """What --load concludes from each HookStatus a hook can report, for a broken form in
     this environment (SGLang 0.5.23 has the loader; this package's entry point is here)."""
-    from sglang_amd_moe.runtime.hookstate import HookStatus
+    from sglang_amd_moe.runtime.target import HookStatus
 
     for var in ("SGLANG_AMD_MOE_FORCE", "SGLANG_AMD_MOE_DISABLE", "SGLANG_PLUGINS"):
         monkeypatch.delenv(var, raising=False)
@@ -843,7 +843,7 @@ def test_a_status_that_is_not_a_hookstatus_reads_as_an_error(
 def test_load_previews_only_where_the_plugin_is_off_for_the_platform_alone(
     monkeypatch: pytest.MonkeyPatch, env: dict, triton: str, previewed: bool
 ) -> None:
-    from sglang_amd_moe.runtime import sglang_hook
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 
     monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
     monkeypatch.delenv("SGLANG_AMD_MOE_DISABLE", raising=False)
@@ -884,7 +884,7 @@ from pathlib import Path
 import sglang.srt.layers.moe.topk as topk
 
 from sglang_amd_moe.diagnostics import audit
-from sglang_amd_moe.runtime import sglang_probe
+from sglang_amd_moe.runtime.sglang import probe as sglang_probe
 
 path = Path(topk.__file__)
 installed = path.read_text()

@@ -25,6 +25,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_amd_moe.kernels import mxfp4_moe_sort_reference
+from sglang_amd_moe.runtime.sglang_forms import FUNCTION_NAME, classify_source
 
 from sglang_amd_moe.diagnostics import check, demo, patching
 from sglang_amd_moe.diagnostics.e2e import rebuild, run, table
@@ -32,7 +33,6 @@ from sglang_amd_moe.diagnostics.e2e.amd_emulation import hip_router_for, legacy_
 from sglang_amd_moe.diagnostics.e2e.consumer import AiterLikeMoE, SortBuffers
 from sglang_amd_moe.diagnostics.e2e.model import TinyMoE, TinyMoEConfig
 from sglang_amd_moe.diagnostics.e2e.results import CheckResult, Compare, FormInfo, RowResult
-from sglang_amd_moe.runtime.sglang_forms import FUNCTION_NAME, classify_source
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -185,8 +185,8 @@ def test_load_and_plain_report_the_same_drift(runs: dict) -> None:
 
 _PREVIEW_SCRIPT = r"""
 import json, logging, sys
-from sglang_amd_moe.runtime import sglang_hook
-from sglang_amd_moe.runtime.hookstate import HookStatus
+from sglang_amd_moe.runtime.sglang import hook as sglang_hook
+from sglang_amd_moe.runtime.target import HookStatus
 
 records = []
 class Keep(logging.Handler):

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import releases
+from sglang_amd_moe.runtime.sglang_forms import classify_source
 
 from sglang_amd_moe.diagnostics import patching
-from sglang_amd_moe.runtime.sglang_forms import classify_source
 
 REPO = releases.REPO
 UPSTREAM_PATH = "python/sglang/srt/layers/moe/topk.py"

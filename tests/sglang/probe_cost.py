@@ -23,10 +23,12 @@ def main(argv: list[str]) -> int:
     import importlib.metadata
 
     out["sglang"] = importlib.metadata.version("sglang")
-    from sglang_amd_moe.runtime import sglang_hook, sglang_probe
     from sglang_amd_moe.runtime.sglang_forms import analyze_source
 
-    path = sglang_hook._topk_path()
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
+from sglang_amd_moe.runtime.sglang import probe as sglang_probe
+
+    path = sglang_hook.topk_path()
     t = time.perf_counter()
     report = analyze_source(path.read_text())
     out["classifier_s"] = round(time.perf_counter() - t, 4)

@@ -10,7 +10,6 @@ import dataclasses
 
 import pytest
 import synthetic_topk as syn
-
 from sglang_amd_moe.runtime.sglang_forms import analyze_source
 from sglang_amd_moe.runtime.sglang_hook import (
     STANDARD_PLANS,
@@ -21,7 +20,7 @@ from sglang_amd_moe.runtime.sglang_hook import (
     decide,
     form_of,
 )
-from sglang_amd_moe.runtime.sglang_probe import ProbeResult, probe_module
+from sglang_amd_moe.runtime.sglang.probe import ProbeResult, probe_module
 
 PARAMS = (
     "topk_ids",

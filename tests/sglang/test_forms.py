@@ -13,9 +13,8 @@ import textwrap
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_release_support import releases, require_built, topk_source_path
-
 from sglang_amd_moe.runtime.sglang_forms import ACTIONS, FORMS, analyze_source, classify_source
+from sglang_release_support import releases, require_built, topk_source_path
 
 MAIN = releases.BY_LABEL[releases.MAIN_RELEASE]  # 0.5.23, form fixed
 GUARD = releases.BY_LABEL["0.5.14-mask-under-eplb-guard"]

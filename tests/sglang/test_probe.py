@@ -8,9 +8,9 @@ import threading
 import pytest
 import synthetic_topk as syn
 import torch
+from sglang_amd_moe.runtime.sglang.probe import ProbeEnv, probe, probe_module, probe_source
 
-from sglang_amd_moe.runtime import sglang_probe
-from sglang_amd_moe.runtime.sglang_probe import ProbeEnv, probe, probe_module, probe_source
+from sglang_amd_moe.runtime.sglang import probe as sglang_probe
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pytest
 from driver import DriverResult
+from sglang_amd_moe.runtime.sglang_forms import ACTIONS, analyze_source
 from sglang_release_support import (
     ENV_VAR,
     releases,
@@ -31,8 +32,6 @@ from sglang_release_support import (
     selected_releases,
     topk_source_path,
 )
-
-from sglang_amd_moe.runtime.sglang_forms import ACTIONS, analyze_source
 
 N_REAL, E, K = 5, 16, 4
 BROKEN = ("no-hip-handling", "weights-only", "mask-under-eplb-guard")

@@ -101,7 +101,7 @@ RELEASES = [
         "mask-under-eplb-guard",
         True,
         ci=True,
-        patch="tools/compat/reverse_28378_mask_under_eplb_guard.diff",
+        patch="sglang_amd_moe/diagnostics/e2e/guard_form/from_0.5.14.diff",
     ),
     Release("0.5.17", "0.5.17", "fixed", True, ci=False),
     Release("0.5.19", "0.5.19", "fixed", True, ci=False),

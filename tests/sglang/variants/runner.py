@@ -40,7 +40,7 @@ EXTRA_MODULES = (f"sglang.srt.layers.moe.{IMPL}",)
 
 def reset() -> None:
     """A process state as before the first ``load_plugins()``, topk not imported."""
-    from sglang_amd_moe.runtime import sglang_hook
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 
     sglang_hook.uninstall()
     for name in (TOPK, *EXTRA_MODULES):
@@ -79,14 +79,15 @@ def threads_register(result: dict) -> None:
 
 def our_layers(fn: Any) -> int:
     """How many of this package's wrappers are in ``fn``'s chain."""
-    from sglang_amd_moe.runtime import sglang_hook
-    from sglang_amd_moe.runtime.hookstate import MARK
+    from sglang_amd_moe.runtime.target import MARK, closes_over
+
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 
     n = 0
     for _ in range(32):
         if fn is None:
             break
-        if getattr(fn, MARK, None) is not None or sglang_hook._holds(fn, sglang_hook._around):
+        if getattr(fn, MARK, None) is not None or closes_over(fn, sglang_hook._around):
             n += 1
         fn = getattr(fn, "__wrapped__", None)
     return n
@@ -147,8 +148,10 @@ def drive(batch: driver.Batch, eplb: driver.Eplb) -> dict:
 def run_variant(
     v: Variant, base_text: str, moe_dir: Path, logs: driver.Collect, written: set[str]
 ) -> dict:
-    from sglang_amd_moe.runtime import sglang_hook, sglang_probe
     from sglang_amd_moe.runtime.sglang_forms import analyze_source
+
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
+from sglang_amd_moe.runtime.sglang import probe as sglang_probe
 
     t0 = time.perf_counter()
     out: dict[str, Any] = {"name": v.name, "base": v.base, "timings": {}}
@@ -228,9 +231,10 @@ def patch_checks(base_text: str, moe_dir: Path) -> list[dict]:
     patch for its form, applied to its topk.py, probed (``sglang_probe.probe_source``);
     and the same patch with its added lines naming a parameter the function does not
     have (it still applies; every HIP call would raise NameError)."""
-    from sglang_amd_moe.diagnostics import patching
-    from sglang_amd_moe.runtime import sglang_probe
     from sglang_amd_moe.runtime.sglang_forms import analyze_source
+
+    from sglang_amd_moe.diagnostics import patching
+    from sglang_amd_moe.runtime.sglang import probe as sglang_probe
 
     form = analyze_source(base_text).form
     name = patching.patch_for("sglang", form)

@@ -40,8 +40,6 @@ import ast
 import hashlib
 from dataclasses import dataclass, field
 
-from sglang_amd_moe.runtime.astutil import call_name, param_names
-
 FORMS: tuple[str, ...] = ("count-dropped", "count-rejected", "count-honored", "absent", "unknown")
 
 #: Form -> the one-line action the plugin takes for it (printed by the audit too).
@@ -237,6 +235,18 @@ def analyze_source(source: str) -> FormReport:
 
 
 # --- helpers -------------------------------------------------------------------------
+
+
+def call_name(call: ast.Call) -> str:
+    """The called name: ``f`` for ``f(...)`` and ``m.f(...)``, "" otherwise."""
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def param_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
+    """Parameter names in order: positional-only, positional-or-keyword, keyword-only."""
+    a = func.args
+    return tuple(x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs])
 
 
 def _passes(call: ast.Call, name: str, index: int | None = None) -> bool:
