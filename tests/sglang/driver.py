@@ -434,14 +434,15 @@ def whitelist_excludes_us(result: dict) -> None:
 
 def behaviour(tk: Any, batch: Batch, result: dict) -> None:
     """The function as it runs now: EPLB off and on, and the shared-expert append."""
-    from sglang_amd_moe.runtime.sglang import hook
 
     t = time.perf_counter()
     predicate = next(
         (p for p in ("_eplb_remap_enabled", "is_expert_remapping_enabled") if hasattr(tk, p)), None
     )
     result["predicate"] = predicate
-    result["scenarios"] = eplb_scenarios(batch, Eplb(batch), result, lambda: hook.remap_enabled(tk))
+    from sglang_amd_moe.runtime.sglang.call import remap_enabled
+
+    result["scenarios"] = eplb_scenarios(batch, Eplb(batch), result, lambda: remap_enabled(tk))
     result["timings"]["scenarios"] = round(time.perf_counter() - t, 2)
     t = time.perf_counter()
     if os.environ.get("TRITON_INTERPRET") == "1":

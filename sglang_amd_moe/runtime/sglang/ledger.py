@@ -152,11 +152,9 @@ def _without_docstrings(node: ast.AST) -> ast.AST:
 
 
 def _canon(node: Any) -> str:
-    """A text of the AST that is the same on every Python version this runs on."""
+    """A text of the AST that is the same on every Python version this runs on, without
+    docstrings or other bare strings (no code)."""
     if isinstance(node, ast.AST):
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            if isinstance(node.value.value, str):
-                return "(Pass)"  # a docstring or a bare string: no code
         fields = [
             f"{f}={_canon(getattr(node, f, None))}"
             for f in node._fields
@@ -164,8 +162,16 @@ def _canon(node: Any) -> str:
         ]
         return f"({type(node).__name__} {' '.join(fields)})"
     if isinstance(node, list):
-        return "[" + " ".join(_canon(x) for x in node) + "]"
+        return "[" + " ".join(_canon(x) for x in node if not _bare_string(x)) + "]"
     return repr(node)
+
+
+def _bare_string(node: Any) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
 
 
 # --- what the module binds, and what the function uses -----------------------------------
