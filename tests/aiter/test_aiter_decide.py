@@ -15,13 +15,12 @@ import sys
 
 import pytest
 from aiter_testlib import STANDIN, forget_aiter
-from sglang_amd_moe.runtime.aiter.hook import Plan, Runtime, decide
-from sglang_amd_moe.runtime.target import Refusal
-from sglang_amd_moe.runtime.target import MARK, STATES, HookStatus
 
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.aiter import forms as aiter_forms
 from sglang_amd_moe.runtime.aiter import hook as aiter_hook
+from sglang_amd_moe.runtime.aiter.hook import Plan, Runtime, decide
+from sglang_amd_moe.runtime.target import MARK, STATES, HookStatus, Refusal
 
 SHAPES = STANDIN / "aiter" / "_shapes"
 DROPPED = aiter_forms.analyze_source((SHAPES / "count_dropped" / "fused_moe.py").read_text())

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 from aiter_testlib import STANDIN
-from sglang_amd_moe.runtime.aiter.forms import FORMS, analyze_source, classify_source
 
 from sglang_amd_moe.runtime.aiter import forms as aiter_forms
+from sglang_amd_moe.runtime.aiter.forms import FORMS, analyze_source, classify_source
 
 SHAPES = STANDIN / "aiter" / "_shapes"
 DROPPED = (SHAPES / "count_dropped" / "fused_moe.py").read_text()

@@ -266,8 +266,7 @@ def test_mxfp4_moe_sort_takes_a_count_where_aiter_has_none(load_aiter) -> None:
     assert aiter.mxfp4_moe_sort is aux_module.mxfp4_moe_sort
     assert "num_local_tokens" in inspect.signature(aiter.mxfp4_moe_sort).parameters
     assert (
-        "num_local_tokens"
-        not in inspect.signature(getattr(aiter.mxfp4_moe_sort, MARK)).parameters
+        "num_local_tokens" not in inspect.signature(getattr(aiter.mxfp4_moe_sort, MARK)).parameters
     )
     ids, w = padded_routing(M, K, E, seed=17)
     for n in (None, 9):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics.audit import read
 from sglang_amd_moe.diagnostics.audit.read import (
     AITER,
     PATCH_FAILS_PROBE,
@@ -21,7 +22,6 @@ from sglang_amd_moe.diagnostics.audit.read import (
     distribution,
     find_package_dir,
     text_or_none,
-    torch_is_rocm,
 )
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import ledger, names
@@ -168,7 +168,7 @@ def is_live(target: str) -> bool:
 
 def platform_gate_closed() -> bool:
     """The plugin stays off here only because torch is not a ROCm build (and no FORCE)."""
-    return not env.forced() and torch_is_rocm() is not True
+    return not env.forced() and read.torch_is_rocm() is not True
 
 
 def triton_blocks() -> str:

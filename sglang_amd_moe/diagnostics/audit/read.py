@@ -265,6 +265,8 @@ def build_report(
         target, dist, version, str(path), sha or None, form, actions.get(form, ""),
         None if given else False, patch, pstatus, reason=why, source=source,
     )  # fmt: skip
+    if nearest is not None and not nearest["diff"]:
+        rep.reason += f"; its function is {nearest['body']}'s, the module code it uses differs"
     rep.nearest = nearest
     return rep
 

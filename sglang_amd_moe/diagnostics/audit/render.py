@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics.audit import read
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView
 from sglang_amd_moe.diagnostics.audit.read import (
     AITER,
@@ -15,7 +16,6 @@ from sglang_amd_moe.diagnostics.audit.read import (
     GOOD_FORMS,
     SGLANG,
     TargetReport,
-    torch_is_rocm,
 )
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import names
@@ -69,7 +69,7 @@ def platform_notes(reports: list[TargetReport], view: PluginView | None) -> list
     """Notes on this machine, printed under the details (empty for ``--*-source``)."""
     if view is None or not any(r.installed and r.form in BROKEN_FORMS for r in reports):
         return []
-    rocm = torch_is_rocm()
+    rocm = read.torch_is_rocm()
     if rocm is None:
         return ["torch is not installed in this interpreter: the plugin cannot run here"]
     if rocm or env.forced():

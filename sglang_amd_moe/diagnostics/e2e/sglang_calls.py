@@ -44,20 +44,24 @@ def import_topk() -> ModuleType:
         return importlib.import_module(TOPK_MODULE)
 
 
-def guard_form(mod: ModuleType) -> tuple[Callable, str]:
-    """The never-released ``mask-under-eplb-guard`` form of the installed function: the
-    first diff of :data:`GUARD_DIFFS` that applies to the installed topk.py, compiled
-    over the module's own globals (its source registered for ``inspect``, so the plugin
-    reads the running function). Returns (function, the rewritten topk.py text)."""
-    text = inspect.getsource(mod)
+def guard_source(text: str) -> str:
+    """``text`` (a topk.py) with upstream PR 28378 reversed by the first diff of
+    :data:`GUARD_DIFFS` that applies to it."""
     for diff in GUARD_DIFFS:
         patch = diff.read_text()
         if patching.status(text, patch) == patching.APPLIES:
-            source = patching.apply_text(text, patch)
-            fn, _ = function_from_source(mod, source)
-            return rebind(fn, vars(mod)), source
+            return patching.apply_text(text, patch)
     names = ", ".join(d.name for d in GUARD_DIFFS)
     raise GuardFormError(f"none of the diffs that rebuild it ({names}) applies to this release")
+
+
+def guard_form(mod: ModuleType) -> tuple[Callable, str]:
+    """The never-released ``mask-under-eplb-guard`` form of the installed function
+    (:func:`guard_source`), compiled over the module's own globals, its source registered
+    for ``inspect`` (the plugin reads the running function). Returns (function, text)."""
+    source = guard_source(inspect.getsource(mod))
+    fn, _ = function_from_source(mod, source)
+    return rebind(fn, vars(mod)), source
 
 
 @contextlib.contextmanager

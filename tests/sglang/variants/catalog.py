@@ -357,7 +357,7 @@ RIGHT = {"bare_right": True}
 
 VARIANTS: list[Variant] = [
     # Correct functions written differently: bodies no release has (the ledger does not
-# know them), which the plugin must run and leave alone.
+    # know them), which the plugin must run and leave alone.
     Variant(
         "fixed14",
         GUARD,
