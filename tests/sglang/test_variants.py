@@ -5,8 +5,9 @@ topk costs seconds once; each further variant re-imports only topk). For every v
 the ledger's answer (a released body's form, or ``unknown``), the probe's verdict, the
 plugin's decision and the outcome with and without the plugin are recorded apart (the
 table is written next to the results as ``variants.md``), then asserted against the
-variant's expectation. With the plugin every variant must come out right: padded rows with ids in range and weight 0,
-real rows exactly as a correct release returns them, EPLB off and on.
+variant's expectation. With the plugin every variant must come out right: padded rows
+with ids in range and weight 0, real rows exactly as a correct release returns them,
+EPLB off and on.
 """
 
 from __future__ import annotations
