@@ -30,13 +30,6 @@ def test_server_md_is_generated_from_the_committed_json() -> None:
     assert actual == expected, "docs/server.md is stale: run `python benchmarks/server/report.py`"
 
 
-def test_every_request_batch_is_padded_in_its_graph() -> None:
-    """The design rests on this: no batch size is a captured size, all fit the largest."""
-    for size in (*harness.CHECK_SIZES, *harness.OVERHEAD_SIZES):
-        assert size not in harness.CAPTURE_BS
-        assert size < max(harness.CAPTURE_BS)
-
-
 def test_prompts_are_fixed_distinct_and_in_the_vocabulary() -> None:
     a = harness.prompts(0, 10, 1024)
     assert a == harness.prompts(0, 10, 1024)

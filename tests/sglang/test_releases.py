@@ -241,12 +241,6 @@ def test_verify_mode_on_top_of_another_plugins_hook(release, driven) -> None:
         pytest.skip(f"{release.label} has no _skip_hip_pad_mask switch to make upstream misbehave")
 
 
-def test_every_ci_release_is_parametrized() -> None:
-    labels = {r.label for r in releases.RELEASES if r.ci}
-    forms = {r.expected_form for r in releases.RELEASES if r.ci}
-    assert {"no-hip-handling", "weights-only", "mask-under-eplb-guard", "fixed"} <= forms, labels
-
-
 def test_unknown_form_gets_the_guard_and_a_warning_with_its_hash(tmp_path) -> None:
     """The newest release's own function with its padded-weight zeroing removed (no
     release looks like that): the plugin applies only its pre-mask and warns, naming the
