@@ -36,7 +36,6 @@ import dataclasses  # noqa: E402
 import importlib
 import inspect
 import json
-import linecache
 import sys
 import types
 import warnings
@@ -48,7 +47,7 @@ import build_env  # a sibling module (tools/compat)
 
 from sglang_amd_moe.diagnostics import patching
 from sglang_amd_moe.runtime.sglang import hook, ledger, names
-from sglang_amd_moe.runtime.sglang.probe import probe
+from sglang_amd_moe.runtime.sglang.probe import compile_over, probe
 from sglang_amd_moe.runtime.target import Refusal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,35 +110,13 @@ def _live_topk() -> types.ModuleType:
 def _namespace(text: str, live: types.ModuleType) -> dict[str, Any]:
     """The live module's globals with ``text``'s own function, helpers, flags and
     ``TopKConfig`` compiled over a copy of them."""
-    import __future__
-
     tree = ast.parse(text)
     binding, fn = ledger._binding(tree)
     if fn is None:
         raise LookupError(f"{names.FUNCTION_NAME}: {binding}")
     config = [s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == "TopKConfig"]
-    stmts = sorted(
-        {id(s): s for s in [fn, *ledger._used_statements(tree, fn), *config]}.values(),
-        key=lambda s: s.lineno,
-    )
-    # Registered as a file's lines: Triton's @jit helpers read their own source.
-    filename = f"/ledger/{abs(hash(text))}/topk.py"
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    code = compile(
-        ast.Module(body=stmts, type_ignores=[]),
-        filename,
-        "exec",
-        flags=__future__.annotations.compiler_flag,
-        dont_inherit=True,
-    )
-    ns = dict(vars(live))
-    exec(code, ns)  # noqa: S102 - the release's own code, in a copy of the namespace
-    from sglang_amd_moe.runtime.sglang.probe import rebind
-
-    for name, value in list(ns.items()):
-        if isinstance(value, types.FunctionType) and value.__globals__ is vars(live):
-            ns[name] = rebind(value, ns)
-    return ns
+    stmts = {id(s): s for s in [fn, *ledger._used_statements(tree, fn), *config]}
+    return compile_over(live, sorted(stmts.values(), key=lambda s: s.lineno), text)
 
 
 def entry_for(text: str, live: types.ModuleType) -> tuple[str, dict[str, Any]]:

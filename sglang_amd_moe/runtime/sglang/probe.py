@@ -585,16 +585,26 @@ def function_from_source(module: Any, source: str) -> tuple[Callable[..., Any], 
     statements of ``source`` that differ from the installed file's are run in the copy
     (the module itself is not touched). Raises on a source that does not compile or binds
     no such function."""
-    installed = inspect.getsource(module)
-    tree = ast.parse(source)
-    have = {ast.dump(s) for s in ast.parse(installed).body}
-    changed = [s for s in tree.body if ast.dump(s) not in have and not isinstance(s, ast.Expr)]
-    filename = f"<{getattr(module, '__file__', module.__name__)} as rewritten>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    have = {ast.dump(s) for s in ast.parse(inspect.getsource(module)).body}
+    changed = [
+        s for s in ast.parse(source).body if ast.dump(s) not in have and not isinstance(s, ast.Expr)
+    ]
+    ns = compile_over(module, changed, source)
+    fn = ns.get(names.FUNCTION_NAME)
+    if not isinstance(fn, types.FunctionType):
+        raise LookupError(f"the source binds no function {names.FUNCTION_NAME}")
+    return fn, ns
+
+
+def compile_over(module: Any, statements: list[ast.stmt], source: str) -> dict[str, Any]:
+    """A copy of ``module``'s globals in which ``statements`` (of the text ``source``,
+    registered for ``inspect``) have run; the copy's functions rebound to the copy."""
     import __future__
 
+    filename = f"<{getattr(module, '__file__', module.__name__)} as rewritten {hash(source)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     code = compile(
-        ast.Module(body=changed, type_ignores=[]),
+        ast.Module(body=statements, type_ignores=[]),
         filename,
         "exec",
         flags=__future__.annotations.compiler_flag,
@@ -602,14 +612,10 @@ def function_from_source(module: Any, source: str) -> tuple[Callable[..., Any], 
     )
     ns = dict(vars(module))
     exec(code, ns)  # noqa: S102 - the rewritten statements, in a copy of the namespace
-    fn = ns.get(names.FUNCTION_NAME)
-    if not isinstance(fn, types.FunctionType):
-        raise LookupError(f"the source binds no function {names.FUNCTION_NAME}")
-    # The copy's functions still point at the module's globals: rebind them to the copy.
     for name, value in list(ns.items()):
         if isinstance(value, types.FunctionType) and value.__globals__ is vars(module):
             ns[name] = rebind(value, ns)
-    return ns[names.FUNCTION_NAME], ns
+    return ns
 
 
 def probe_source(module: Any, source: str, **kw: Any) -> ProbeResult:
