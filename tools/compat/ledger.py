@@ -111,7 +111,7 @@ def _namespace(text: str, live: types.ModuleType) -> dict[str, Any]:
     """The live module's globals with ``text``'s own function, helpers, flags and
     ``TopKConfig`` compiled over a copy of them."""
     tree = ast.parse(text)
-    binding, fn = ledger._binding(tree)
+    binding, fn = ledger._binding(tree, text)
     if fn is None:
         raise LookupError(f"{names.FUNCTION_NAME}: {binding}")
     config = [s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == "TopKConfig"]

@@ -286,7 +286,7 @@ def _running_reading(fn: Any, path: Path, text: str, file_reading: ledger.Readin
             module_text = "".join(linecache.getlines(where)) or text
     except (OSError, TypeError, ValueError):
         unread = dataclasses.replace(file_reading, binding="the running function has no source")
-        return dataclasses.replace(unread, fingerprint="", known=None, lineno=0), ""
+        return dataclasses.replace(unread, fingerprint="", known=None, lineno=0, node=None), ""
     return ledger.read(module_text, "".join(lines), first), where
 
 

@@ -18,8 +18,9 @@ import ast
 import functools
 import hashlib
 import json
+import re
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,13 @@ class Reading:
     predicates: tuple[str, ...] = names.REMAP_PREDICATES
     #: A non-CUDA path of the function, or a helper it calls, calls the remap.
     remaps_on_hip: bool = False
-    #: The function, normalised (what the audit diffs).
-    body: str = ""
+    #: The function's AST (None: none read); ``body`` is its normalised text.
+    node: ast.AST | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def body(self) -> str:
+        """The function without docstrings, as text (what the audit diffs)."""
+        return ast.unparse(_without_docstrings(self.node)) + "\n" if self.node else ""
 
     @property
     def form(self) -> str:
@@ -100,17 +106,14 @@ def read(module_text: str, function_source: str | None = None, first_line: int =
     except (SyntaxError, ValueError) as exc:
         return Reading(binding=f"it does not parse ({exc})")
     top = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
-    common = {
-        "hip_flags": hip_flags(tree),
-        "predicates": predicates(tree),
-    }
+    common: dict[str, Any] = {"hip_flags": hip_flags(tree)}
     if function_source is not None:
         fn = fn_tree.body[0] if fn_tree is not None and fn_tree.body else None
         if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             return Reading(binding="the running object is not a function", **common)
         binding, lineno = "", first_line
     else:
-        binding, fn = _binding(tree)
+        binding, fn = _binding(tree, module_text)
         if fn is None:
             return Reading(binding=binding, **common)
         lineno = fn.lineno
@@ -122,8 +125,9 @@ def read(module_text: str, function_source: str | None = None, first_line: int =
         binding=binding,
         lineno=lineno,
         known=known,
+        predicates=predicates(used),
         remaps_on_hip=_remaps(fn, top, set()),
-        body=ast.unparse(_without_docstrings(fn)) + "\n",
+        node=fn,
         **common,
     )
 
@@ -207,12 +211,10 @@ def _bound(stmt: ast.stmt) -> set[str]:
     return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
 
 
-def _binding(tree: ast.Module) -> tuple[str, ast.FunctionDef | None]:
+def _binding(tree: ast.Module, text: str) -> tuple[str, ast.FunctionDef | None]:
     """("", the def) when the module binds the function by one plain top-level def."""
     binders = [s for s in _module_statements(tree.body) if names.FUNCTION_NAME in _bound(s)]
-    rebinds = any(
-        isinstance(n, ast.Global) and names.FUNCTION_NAME in n.names for n in ast.walk(tree)
-    )
+    rebinds = re.search(rf"^\s*global\b[^\n]*\b{names.FUNCTION_NAME}\b", text, re.M)
     if not binders:
         return "absent", None
     only = binders[0]
@@ -278,18 +280,16 @@ def hip_flags(tree: ast.Module) -> tuple[str, ...]:
     return tuple(sorted(out)) or (names.HIP_FLAG,)
 
 
-def predicates(tree: ast.Module) -> tuple[str, ...]:
-    """Upstream's predicate names the module binds, and module functions reading EPLB
-    settings (a renamed predicate)."""
-    out = set()
-    for s in _module_statements(tree.body):
-        if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef) and s.name != names.FUNCTION_NAME:
-            reads = any(
-                isinstance(n, ast.Attribute) and n.attr in names.EPLB_SETTINGS for n in ast.walk(s)
-            )
-            if reads or s.name in names.REMAP_PREDICATES:
-                out.add(s.name)
-    return tuple(sorted(out | set(names.REMAP_PREDICATES)))
+def predicates(used: list[ast.stmt]) -> tuple[str, ...]:
+    """Upstream's predicate names, and module functions the function uses that read the
+    server's EPLB settings (a renamed predicate)."""
+    out = set(names.REMAP_PREDICATES)
+    for s in used:
+        if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+            isinstance(n, ast.Attribute) and n.attr in names.EPLB_SETTINGS for n in ast.walk(s)
+        ):
+            out.add(s.name)
+    return tuple(sorted(out))
 
 
 def _called(call: ast.Call) -> str:
