@@ -58,8 +58,7 @@ def _entry_point(group: str, value: str) -> md.EntryPoint | None:
     return next((ep for ep in eps if ep.value.replace(" ", "") == value), None)
 
 
-def _triton_clash() -> str:
-    """Both ``triton`` and ``pytorch-triton-rocm`` installed: they own the same files."""
+def _triton_clash() -> str:  # both own the triton/ files: one overwrote the other
     try:
         rocm, cuda = md.version("pytorch-triton-rocm"), md.version("triton")
     except Exception:  # PackageNotFoundError: not both (the usual case)
@@ -128,7 +127,7 @@ def _route(host: str, installed: bool, loader: bool, ep: Any, list_var: str) -> 
 
 
 def run_load_plugins(view: PluginView) -> None:
-    """``--load``: import SGLang's plugin framework and run its real ``load_plugins()``."""
+    """``--load``: SGLang's real ``load_plugins()``."""
     if not view.sglang_loader:
         return  # nothing to run; the SGLang route says why
     try:
@@ -185,8 +184,8 @@ class Seen:
     """``--load``: what SGLang's ``_post_process_topk_ids`` did on the probe's CPU batch."""
 
     of: str  # what ran, in words
-    result: Any  # the ProbeResult of what runs (None: nothing could be run, see why)
-    upstream: Any  # the ProbeResult of upstream's function alone
+    result: Any  # ProbeResult of what runs (None: nothing could be run, see why)
+    upstream: Any  # ProbeResult of upstream's function alone
     decision: HookStatus | None  # the plugin's decision the run reflects
     previewed: bool = False  # a preview: what a ROCm machine does
     why: str = ""
@@ -275,9 +274,8 @@ def observe_sglang(rep: TargetReport, view: PluginView) -> None:
 
 
 def check_patch(rep: TargetReport, module: Any, upstream: Any) -> None:
-    """Run the function the form's patch makes (in memory, over a copy of the live
-    module's globals) on the probe batch: a patch that applies as text but runs wrong is
-    not offered. Where the probe cannot run it here, it stays checked as text (a note)."""
+    """Run the function the form's patch makes on the probe batch: one that applies as
+    text but runs wrong is not offered; one the probe cannot run stays checked as text."""
     from sglang_amd_moe.runtime.sglang import probe
 
     assert rep.patch is not None  # noqa: S101 - checked by the caller

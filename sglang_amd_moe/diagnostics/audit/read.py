@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import importlib.metadata as md
 import importlib.util
 import os
@@ -48,10 +47,7 @@ GOOD_FORMS: dict[tuple[str, str], str] = {
     (AITER, "absent"): "this aiter has no MXFP4 aux sort",
 }
 #: Forms the plugin hooks to fix.
-BROKEN_FORMS = {
-    "no-hip-handling",
-    "weights-only",
-    "mask-under-eplb-guard",
+BROKEN_FORMS = set("no-hip-handling weights-only mask-under-eplb-guard".split()) | {
     "count-dropped",
     "count-rejected",
 }
@@ -79,8 +75,7 @@ class TargetReport:
     hook_live: bool | None
     patch: str | None
     patch_status: str | None
-    # Beyond the stable keys: the verdict and why.
-    covered: bool = False
+    covered: bool = False  # beyond the stable keys: the verdict and why
     needs_attention: bool = False
     reason: str = ""
     hook: str = "-"  # the HOOK cell of the table
@@ -89,14 +84,10 @@ class TargetReport:
     apply_command: str | None = None
     notes: list[str] = field(default_factory=list)
     installed: bool = True
-    #: ``--load``, SGLang: what running the function on the probe batch showed.
-    probe: dict | None = None
-    #: ``--load``, SGLang: the probe of the patched function, where a patch applies.
-    patch_probe: dict | None = None
-    #: An unknown SGLang body: the nearest body the ledger knows, and the diff to it.
-    nearest: dict | None = None
-    # Not in the JSON document.
-    source: str = field(default="", repr=False)
+    probe: dict | None = None  # --load, SGLang: the function run on the probe batch
+    patch_probe: dict | None = None  # --load, SGLang: the patched function, run
+    nearest: dict | None = None  # an unknown SGLang body: the nearest known one, the diff
+    source: str = field(default="", repr=False)  # this and below: not in the JSON
     status: HookStatus | None = field(default=None, repr=False)
     seen: Any = field(default=None, repr=False)
 
@@ -149,12 +140,10 @@ def read_source(path: Path) -> str:
 
 
 def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO or pipe"),
-        (stat.S_ISSOCK, "a socket"),
+    kinds = zip(
+        (stat.S_ISDIR, stat.S_ISCHR, stat.S_ISBLK, stat.S_ISFIFO, stat.S_ISSOCK),
+        ("a directory", "a character device", "a block device", "a FIFO or pipe", "a socket"),
+        strict=True,
     )
     return next((kind for test, kind in kinds if test(mode)), "not a plain file")
 
@@ -226,28 +215,6 @@ def _patch_check(target: str, form: str, source: str) -> tuple[str | None, str |
     return (name, statuses[name]) if name else (None, None)
 
 
-def nearest_known(body: str) -> dict | None:
-    """The ledger body nearest to ``body`` (a normalised function) and the diff to it."""
-    known = ledger.known_bodies()
-    if not body or not known:
-        return None
-    lines = body.splitlines(keepends=True)
-
-    def score(fp: str) -> float:
-        return difflib.SequenceMatcher(None, known[fp].splitlines(True), lines).ratio()
-
-    fp = max(known, key=score)
-    entry = ledger.entries().get(fp)
-    label = entry.sources[0] if entry is not None else fp[:12]
-    diff = difflib.unified_diff(
-        known[fp].splitlines(keepends=True),
-        lines,
-        fromfile=f"known: {label}",
-        tofile="installed",
-    )
-    return {"body": label, "form": entry.form if entry else None, "diff": "".join(diff)}
-
-
 def build_report(
     target: str, path: Path, source: str, dist: str | None, version: str | None, *, given: bool
 ) -> TargetReport:
@@ -256,7 +223,7 @@ def build_report(
         r = ledger.read(source)
         form, sha, why = r.form, r.fingerprint, r.why
         actions: dict[str, str] = names.ACTIONS
-        nearest = nearest_known(r.body) if form == "unknown" else None
+        nearest = ledger.nearest(r.body) if form == "unknown" else None
     else:
         a = aiter_forms.analyze_source(source)
         form, sha, why, actions = a.form, a.source_sha256, a.reason, aiter_forms.ACTIONS

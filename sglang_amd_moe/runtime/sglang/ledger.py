@@ -15,6 +15,7 @@ Standard library only.
 from __future__ import annotations
 
 import ast
+import difflib
 import functools
 import hashlib
 import json
@@ -93,6 +94,28 @@ def entries() -> dict[str, Entry]:
 def known_bodies() -> dict[str, str]:
     """fingerprint -> normalised function text of every ledger body (for diffs)."""
     return json.loads(BODIES_FILE.read_text(encoding="utf-8"))
+
+
+def nearest(body: str) -> dict | None:
+    """The ledger body nearest to ``body`` (a normalised function) and the diff to it."""
+    known = known_bodies()
+    if not body or not known:
+        return None
+    lines = body.splitlines(keepends=True)
+
+    def score(fp: str) -> float:
+        return difflib.SequenceMatcher(None, known[fp].splitlines(True), lines).ratio()
+
+    fp = max(known, key=score)
+    entry = entries().get(fp)
+    label = entry.sources[0] if entry is not None else fp[:12]
+    diff = difflib.unified_diff(
+        known[fp].splitlines(keepends=True),
+        lines,
+        fromfile=f"known: {label}",
+        tofile="installed",
+    )
+    return {"body": label, "form": entry.form if entry else None, "diff": "".join(diff)}
 
 
 def read(module_text: str, function_source: str | None = None, first_line: int = 1) -> Reading:
