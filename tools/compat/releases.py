@@ -3,7 +3,7 @@
 Each entry is one environment under ``.compat/<label>/`` layered on ``.venv`` (see
 ``build_env.py``), except the main release, which lives in ``.venv`` itself.
 ``expected_form`` is the form the release's upstream ``_post_process_topk_ids`` has (the
-README's release table); the tests check the classifier against it on the real installed
+README's release table); the tests check the ledger's form against it on the real installed
 source.
 
 Usage::
