@@ -4,7 +4,8 @@ Where things are (``docs/architecture.md`` draws it):
 
 - :mod:`sglang_amd_moe.runtime`: everything that runs inside a server process. The
   entry points (``runtime.plugin.register`` for SGLang, ``register_vllm`` for vLLM),
-  the form classifiers and the two hooks.
+  the hook skeleton (``runtime.target``) and the two targets (``runtime.sglang``,
+  ``runtime.aiter``).
 - :mod:`sglang_amd_moe.kernels`: the Triton kernels the hooks call, with plain-torch
   references.
 - :mod:`sglang_amd_moe.diagnostics`: what a user runs (``sglang-amd-moe audit``,

@@ -22,9 +22,11 @@ from hypothesis import strategies as st
 from sglang_release_support import require_built, switches_off
 
 from sglang_amd_moe.diagnostics import audit, patching
-from sglang_amd_moe.runtime import sglang_forms
-from sglang_amd_moe.runtime.hookstate import HookStatus
-from sglang_amd_moe.runtime.sglang_probe import Observation, ProbeResult
+from sglang_amd_moe.diagnostics.audit import plugins, read, render, verdict
+from sglang_amd_moe.runtime import env
+from sglang_amd_moe.runtime.sglang import names
+from sglang_amd_moe.runtime.sglang.probe import Observation, ProbeResult
+from sglang_amd_moe.runtime.target import HookStatus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -274,7 +276,7 @@ def test_unknown_form_needs_attention(release_files: dict[str, Path], tmp_path: 
     assert t["form"] == "unknown" and proc.returncode == 1 and t["needs_attention"]
     # What the plugin does with it: it decides by running the function (it does not
     # just guard it), and the plain audit, which runs nothing, points at --load.
-    assert t["action"] == sglang_forms.ACTIONS["unknown"] and "by running it" in t["action"]
+    assert t["action"] == names.ACTIONS["unknown"] and "by running it" in t["action"]
     assert "hooks only what it sees wrong" in t["reason"], t["reason"]
     assert "sglang-amd-moe audit --load" in t["reason"] and "by hand" in t["reason"]
     assert t["hook"] == "?" and t["probe"] is None
@@ -357,8 +359,8 @@ def test_only_regular_files_are_read(tmp_path: Path) -> None:
     _refused(proc, "is not a regular file")
     big = tmp_path / "big.py"
     with open(big, "wb") as f:
-        f.truncate(audit.MAX_SOURCE_BYTES + 1)  # sparse: nothing written
-    _refused(run_cli("--sglang-source", str(big)), f"limit {audit.MAX_SOURCE_BYTES}")
+        f.truncate(read.MAX_SOURCE_BYTES + 1)  # sparse: nothing written
+    _refused(run_cli("--sglang-source", str(big)), f"limit {read.MAX_SOURCE_BYTES}")
 
 
 def _audit_proc(args: list[str], **kw: object) -> subprocess.CompletedProcess:
@@ -586,21 +588,21 @@ def test_verdict_from_hook_status_after_load(
 ) -> None:
     """What --load concludes from each HookStatus a hook can report, for a broken form in
     this environment (SGLang 0.5.23 has the loader; this package's entry point is here)."""
-    from sglang_amd_moe.runtime.hookstate import HookStatus
+    from sglang_amd_moe.runtime.target import HookStatus
 
     for var in ("SGLANG_AMD_MOE_FORCE", "SGLANG_AMD_MOE_DISABLE", "SGLANG_PLUGINS"):
         monkeypatch.delenv(var, raising=False)
     for var, value in env.items():
         monkeypatch.setenv(var, value)
-    view = audit._plugin_view()
-    assert view.sglang_loader and view.sglang_ep is not None and audit._torch_is_rocm() is False
+    view = plugins.plugin_view()
+    assert view.sglang_loader and view.sglang_ep is not None and read.torch_is_rocm() is False
     view.loaded = True
-    rep = audit._not_installed(audit.SGLANG)
+    rep = read.not_installed(read.SGLANG)
     rep.installed, rep.form, rep.file = True, "weights-only", "topk.py"
     rep.status = (
         None if state is None else HookStatus("sglang", state, "weights-only", f"hook says {state}")
     )
-    v = audit._verdict(rep, view)
+    v = verdict.verdict(rep, view)
     assert (v.covered, v.hook, v.attention) == (covered, hook, not covered), v.reason
     if state in ("refused", "error", "not-needed") or env.get("SGLANG_AMD_MOE_FORCE"):
         assert v.reason.endswith(f"hook says {state}")
@@ -626,31 +628,35 @@ _LEFT = HookStatus("sglang", "not-needed", "fixed", "not hooked")
 @pytest.mark.parametrize(
     ("form", "base", "seen", "attention", "hook", "words"),
     [
-        # What runs is right and the source agrees: the verdict stands, and says so.
+        # What runs is right and the ledger agrees: the verdict stands, and says so.
         pytest.param(
             "weights-only",
-            audit._ok("weights-only: covered: hook live", "live"),
-            audit.Seen("the hooked call", _RIGHT, _probe("weights-only", False), _LIVE),
+            verdict.ok("weights-only: covered: hook live", "live"),
+            plugins.Seen("the hooked call", _RIGHT, _probe("weights-only", False), _LIVE),
             False,
             "live",
             ("covered: hook live; running the hooked call on the probe batch shows it right",),
             id="agree",
         ),
-        # Right, but the source reads otherwise: a person must look.
+        # Right, but the ledger knows the body as another form: a person must look.
         pytest.param(
             "weights-only",
-            audit._ok("weights-only: covered: hook live", "live"),
-            audit.Seen("the hooked call", _RIGHT, _probe("no-hip-handling", False), _LIVE),
+            verdict.ok("weights-only: covered: hook live", "live"),
+            plugins.Seen("the hooked call", _RIGHT, _probe("no-hip-handling", False), _LIVE),
             True,
             "live",
-            ("the source reads as weights-only", "running it shows no-hip-handling", "by hand"),
+            (
+                "the ledger knows this body as weights-only",
+                "running it shows no-hip-handling",
+                "by hand",
+            ),
             id="disagree",
         ),
         # The source reads fixed, and upstream runs wrong: never OK.
         pytest.param(
             "fixed",
-            audit._ok("fixed upstream"),
-            audit.Seen("upstream's function", _WRONG, _WRONG, _LEFT),
+            verdict.ok("fixed upstream"),
+            plugins.Seen("upstream's function", _WRONG, _WRONG, _LEFT),
             True,
             "-",
             ("fixed: running upstream's function", "shows it wrong", "padded ids out of range"),
@@ -660,8 +666,8 @@ _LEFT = HookStatus("sglang", "not-needed", "fixed", "not hooked")
         # says so, and the disagreement needs a look.
         pytest.param(
             "fixed",
-            audit._ok("fixed upstream"),
-            audit.Seen(
+            verdict.ok("fixed upstream"),
+            plugins.Seen(
                 "the hooked call",
                 _RIGHT,
                 _probe("mask-under-eplb-guard", False),
@@ -670,14 +676,14 @@ _LEFT = HookStatus("sglang", "not-needed", "fixed", "not hooked")
             ),
             True,
             "not ROCm",
-            ("the source reads as fixed", "running it shows mask-under-eplb-guard"),
+            ("the ledger knows this body as fixed", "running it shows mask-under-eplb-guard"),
             id="fixed-hooked-on-rocm",
         ),
         # Unknown: the plugin decided by running it; still a look by hand.
         pytest.param(
             "unknown",
-            audit._needs("unknown: ...", "?"),
-            audit.Seen("the hooked call", _RIGHT, _probe("unknown", False), _LIVE),
+            verdict.needs("unknown: ...", "?"),
+            plugins.Seen("the hooked call", _RIGHT, _probe("unknown", False), _LIVE),
             True,
             "live",
             ("so the plugin decides by running it", "shows it right", "by hand"),
@@ -686,8 +692,8 @@ _LEFT = HookStatus("sglang", "not-needed", "fixed", "not hooked")
         # A scenario that raised on the probe batch is not right.
         pytest.param(
             "fixed",
-            audit._ok("fixed upstream"),
-            audit.Seen(
+            verdict.ok("fixed upstream"),
+            plugins.Seen(
                 "upstream's function",
                 _probe("unknown", False, "eplb-off: raised NameError: x", raised="NameError: x"),
                 None,
@@ -701,8 +707,8 @@ _LEFT = HookStatus("sglang", "not-needed", "fixed", "not hooked")
         # Already needing attention (not covered): the run adds what it saw.
         pytest.param(
             "weights-only",
-            audit._needs("weights-only: not covered: plugin disabled", "off"),
-            audit.Seen("upstream's function", _WRONG, _WRONG, None),
+            verdict.needs("weights-only: not covered: plugin disabled", "off"),
+            plugins.Seen("upstream's function", _WRONG, _WRONG, None),
             True,
             "off",
             ("plugin disabled; running upstream's function", "nothing hooks it here"),
@@ -711,48 +717,48 @@ _LEFT = HookStatus("sglang", "not-needed", "fixed", "not hooked")
     ],
 )
 def test_behaviour_decides_after_load(
-    form: str, base: audit.Verdict, seen: audit.Seen, attention: bool, hook: str, words: tuple
+    form: str, base: verdict.Verdict, seen: plugins.Seen, attention: bool, hook: str, words: tuple
 ) -> None:
     """What running the function showed (``--load``) only ever adds attention: what runs
     must be right, and a source reading other than what running it shows needs a look."""
-    rep = audit._not_installed(audit.SGLANG)
+    rep = read.not_installed(read.SGLANG)
     rep.installed, rep.form, rep.reason, rep.seen = True, form, "the reader's reason", seen
-    v = audit._behaviour_verdict(rep, base)
+    v = verdict.behaviour_verdict(rep, base)
     assert (v.attention, v.hook) == (attention, hook), v
     for w in words:
         assert w in v.reason, (w, v.reason)
 
 
 def test_behaviour_not_run_keeps_the_source_verdict() -> None:
-    """Where the probe cannot run the function, the verdict is the source's, and a note
+    """Where the probe cannot run the function, the verdict is the ledger's, and a note
     says why (the patch, if one applies, then stays checked as text)."""
     for result, why in ((ProbeResult(False, "no TopKConfig"), "no TopKConfig"), (None, "no topk")):
-        rep = audit._not_installed(audit.SGLANG)
+        rep = read.not_installed(read.SGLANG)
         rep.installed, rep.form = True, "weights-only"
         rep.patch, rep.patch_status = "sglang-weights-only.diff", patching.APPLIES
-        rep.seen = audit.Seen("the function", result, None, None, why=why)
-        base = audit._ok("weights-only: covered", "live")
-        assert audit._behaviour_verdict(rep, base) == base
+        rep.seen = plugins.Seen("the function", result, None, None, why=why)
+        base = verdict.ok("weights-only: covered", "live")
+        assert verdict.behaviour_verdict(rep, base) == base
         (note,) = rep.notes
-        assert why in note and "rests on the source" in note
+        assert why in note and "rests on the ledger" in note
         assert "sglang-weights-only.diff is checked as text only" in note
 
 
 def test_patch_that_fails_the_probe_is_not_offered() -> None:
     """A patch that applies as text but whose patched function the probe finds wrong:
     no path, no command, attention, and the probe's findings."""
-    rep = audit._not_installed(audit.SGLANG)
+    rep = read.not_installed(read.SGLANG)
     rep.installed, rep.form, rep.file = True, "weights-only", "/x/topk.py"
     rep.patch, rep.patch_status = "sglang-weights-only.diff", audit.PATCH_FAILS_PROBE
     rep.patch_probe = {"ran": True, "right": False, "findings": ["eplb-on: raised NameError"]}
     rep.status = HookStatus("sglang", "live", "weights-only", "hooked")
-    view = audit._plugin_view()
+    view = plugins.plugin_view()
     view.loaded = True
-    audit._conclude(rep, view)
+    verdict.conclude(rep, view)
     assert rep.needs_attention and rep.patch_file is None and rep.apply_command is None
     assert "not offered, the patch needs updating" in rep.reason
     assert "eplb-on: raised NameError" in rep.reason
-    text = audit.render_table([rep], 1, view)
+    text = render.render_table([rep], 1, view)
     assert "not offered (fails the probe)" in text and "to patch the file instead" not in text
 
 
@@ -766,33 +772,33 @@ def test_triton_the_kernels_cannot_use_blocks_the_predicted_hook(
     # The plugin loads, but its gate keeps every hook off below Triton 3.3: a broken
     # form is then not covered, and the audit says why.
     monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")  # the gate open here, as on ROCm
-    monkeypatch.setattr(audit._env, "triton_version", lambda: version)
-    covered, cell, why = audit._predicted(audit.Route("SGLang"))
+    monkeypatch.setattr(env, "triton_version", lambda: version)
+    covered, cell, why = verdict.predicted(plugins.Route("SGLang"))
     assert (covered, cell) == (False, "Triton")
     assert words in why and "hooks nothing" in why
 
 
 def test_supported_triton_keeps_the_predicted_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")
-    monkeypatch.setattr(audit._env, "triton_version", lambda: "3.3.1+rocm6.4.1.git")
-    assert audit._predicted(audit.Route("SGLang"))[:2] == (True, "on load")
+    monkeypatch.setattr(env, "triton_version", lambda: "3.3.1+rocm6.4.1.git")
+    assert verdict.predicted(plugins.Route("SGLang"))[:2] == (True, "on load")
 
 
 def test_triton_here_is_not_judged_off_rocm(monkeypatch: pytest.MonkeyPatch) -> None:
     # Off ROCm the verdict is the one for a ROCm machine, whose torch brings its own Triton.
     monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
-    monkeypatch.setattr(audit, "_torch_is_rocm", lambda: False)
-    monkeypatch.setattr(audit._env, "triton_version", lambda: None)
-    assert audit._predicted(audit.Route("SGLang"))[:2] == (True, "on load")
+    monkeypatch.setattr(read, "torch_is_rocm", lambda: False)
+    monkeypatch.setattr(env, "triton_version", lambda: None)
+    assert verdict.predicted(plugins.Route("SGLang"))[:2] == (True, "on load")
 
 
 def _off(message: str) -> HookStatus:
-    return HookStatus(audit.SGLANG, "off", None, message)
+    return HookStatus(read.SGLANG, "off", None, message)
 
 
 def _sglang_report(status: HookStatus) -> audit.TargetReport:
     rep = audit.TargetReport(
-        audit.SGLANG, "sglang", "0.5.13.post1", None, None, "weights-only", "", False, None, None
+        read.SGLANG, "sglang", "0.5.13.post1", None, None, "weights-only", "", False, None, None
     )
     rep.status = status
     return rep
@@ -802,21 +808,21 @@ def test_load_with_an_old_triton_reads_triton_like_the_plain_audit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")
-    monkeypatch.setattr(audit._env, "triton_version", lambda: "3.2.0")
+    monkeypatch.setattr(env, "triton_version", lambda: "3.2.0")
     rep = _sglang_report(_off("sglang-amd-moe: Triton 3.2.0 is older than 3.3; nothing hooked"))
-    covered, cell, why = audit._observed(rep, audit.Route("SGLang"))
+    covered, cell, why = verdict.observed(rep, plugins.Route("SGLang"))
     assert (covered, cell) == (False, "Triton") and "older than 3.3" in why
-    assert audit._predicted(audit.Route("SGLang"))[:2] == (False, "Triton")
+    assert verdict.predicted(plugins.Route("SGLang"))[:2] == (False, "Triton")
 
 
 def test_load_off_rocm_is_covered_whatever_triton_is_here(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
-    monkeypatch.setattr(audit, "_torch_is_rocm", lambda: False)
-    monkeypatch.setattr(audit._env, "triton_version", lambda: "3.2.0")
+    monkeypatch.setattr(read, "torch_is_rocm", lambda: False)
+    monkeypatch.setattr(env, "triton_version", lambda: "3.2.0")
     rep = _sglang_report(_off("sglang-amd-moe: not ROCm; nothing hooked"))
-    assert audit._observed(rep, audit.Route("SGLang"))[:2] == (True, "not ROCm")
+    assert verdict.observed(rep, plugins.Route("SGLang"))[:2] == (True, "not ROCm")
 
 
 def test_a_status_that_is_not_a_hookstatus_reads_as_an_error(
@@ -827,13 +833,13 @@ def test_a_status_that_is_not_a_hookstatus_reads_as_an_error(
         def status() -> dict:
             return {"live": True}
 
-    monkeypatch.setitem(sys.modules, audit._HOOK_MODULES[audit.SGLANG], Hook)
-    st = audit._hook_status(audit.SGLANG)
+    monkeypatch.setitem(sys.modules, plugins.HOOK_MODULES[read.SGLANG], Hook)
+    st = plugins.hook_status(read.SGLANG)
     assert st is not None and st.state == "error" and "not HookStatus" in st.message
 
 
 @pytest.mark.parametrize(
-    ("env", "triton", "previewed"),
+    ("env_vars", "triton", "previewed"),
     [
         ({}, "3.6.0", True),  # off only because torch is not a ROCm build
         ({"SGLANG_AMD_MOE_DISABLE": "1"}, "3.6.0", False),
@@ -841,16 +847,16 @@ def test_a_status_that_is_not_a_hookstatus_reads_as_an_error(
     ],
 )
 def test_load_previews_only_where_the_plugin_is_off_for_the_platform_alone(
-    monkeypatch: pytest.MonkeyPatch, env: dict, triton: str, previewed: bool
+    monkeypatch: pytest.MonkeyPatch, env_vars: dict, triton: str, previewed: bool
 ) -> None:
-    from sglang_amd_moe.runtime import sglang_hook
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 
     monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
     monkeypatch.delenv("SGLANG_AMD_MOE_DISABLE", raising=False)
-    for k, v in env.items():
+    for k, v in env_vars.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(audit, "_torch_is_rocm", lambda: False)
-    monkeypatch.setattr(audit._env, "triton_version", lambda: triton)
+    monkeypatch.setattr(read, "torch_is_rocm", lambda: False)
+    monkeypatch.setattr(env, "triton_version", lambda: triton)
     calls = []
 
     def preview() -> sglang_hook.Preview:
@@ -858,11 +864,11 @@ def test_load_previews_only_where_the_plugin_is_off_for_the_platform_alone(
         return sglang_hook.Preview(_off("what a ROCm machine would decide"))
 
     monkeypatch.setattr(sglang_hook, "preview", preview)
-    monkeypatch.setattr(audit, "_import_topk", lambda: (None, "not imported in this test"))
-    view = audit.PluginView(None, None, True, None, False, None)
+    monkeypatch.setattr(plugins, "import_topk", lambda: (None, "not imported in this test"))
+    view = plugins.PluginView(None, None, True, None, False, None)
     view.loaded = True
     rep = _sglang_report(_off("sglang-amd-moe: not ROCm; nothing hooked"))
-    audit._observe_sglang(rep, view)
+    plugins.observe_sglang(rep, view)
     assert bool(calls) is previewed
     assert rep.seen is not None and rep.seen.previewed is previewed
 
@@ -872,11 +878,11 @@ def test_load_previews_only_where_the_plugin_is_off_for_the_platform_alone(
 #: Runs in SGLang 0.5.13.post1's own interpreter (its topk.py imports
 #: ``sglang.jit_kernel``, which the SGLang 0.5.23 of this interpreter does not have, so the
 #: real module cannot be imported here). Per case: the installed topk.py's text with the
-#: case's edits is what the audit read (``audit._report``: form, patch, patch status),
+#: case's edits is what the audit read (``read.build_report``: form, patch, patch status),
 #: upstream is probed as ``--load`` probes it where nothing hooks it
-#: (``sglang_probe.probe_module``), then ``audit._check_patch`` runs with the real module
+#: (``sglang_probe.probe_module``), then ``plugins.check_patch`` runs with the real module
 #: (or a copy of its namespace without the names in ``without``, its functions rebound to
-#: the copy, as the probe rebinds them), then ``audit._conclude`` and ``render_table``.
+#: the copy, as the probe rebinds them), then ``verdict.conclude`` and ``render_table``.
 _PATCH_PROBE_SCRIPT = r"""
 import json, sys, types
 from pathlib import Path
@@ -884,7 +890,8 @@ from pathlib import Path
 import sglang.srt.layers.moe.topk as topk
 
 from sglang_amd_moe.diagnostics import audit
-from sglang_amd_moe.runtime import sglang_probe
+from sglang_amd_moe.diagnostics.audit import plugins, read, render, verdict
+from sglang_amd_moe.runtime.sglang import probe as sglang_probe
 
 path = Path(topk.__file__)
 installed = path.read_text()
@@ -902,21 +909,24 @@ for name, case in json.loads(Path(sys.argv[1]).read_text()).items():
         for k, v in list(ns.items()):
             if isinstance(v, types.FunctionType) and v.__globals__ is vars(topk):
                 ns[k] = sglang_probe.rebind(v, ns)
-    rep = audit._report(audit.SGLANG, path, source, "sglang", "0.5.13.post1", given=False)
+    rep = read.build_report(read.SGLANG, path, source, "sglang", "0.5.13.post1", given=False)
+    if case.get("patch"):  # an edited body the ledger does not know: the form's patch
+        rep.patch = case["patch"]
+        rep.patch_status = audit.patching.status(source, audit.patching.read_patch(rep.patch))
     before = [rep.form, rep.patch, rep.patch_status]
     upstream = sglang_probe.probe_module(module)
-    audit._check_patch(rep, module, upstream)
+    plugins.check_patch(rep, module, upstream)
     checked = rep.to_json()
-    rep.seen = audit.Seen("upstream's function", upstream, upstream, None)
-    view = audit._plugin_view()
+    rep.seen = plugins.Seen("upstream's function", upstream, upstream, None)
+    view = plugins.plugin_view()
     view.loaded = True
-    audit._conclude(rep, view)
+    verdict.conclude(rep, view)
     out[name] = {
         "before": before,
         "upstream": {"ran": upstream.ran, "why": upstream.why, "behaviour": upstream.behaviour},
         "checked": checked,
         "concluded": rep.to_json(),
-        "table": audit.render_table([rep], 1, view),
+        "table": render.render_table([rep], 1, view),
     }
 print(json.dumps(out))
 """
@@ -937,8 +947,8 @@ _UNDEFINED_DECORATOR = (
 _PATCH_PROBE_CASES = {
     "right": {"edits": [], "without": []},
     "cannot-run": {"edits": [], "without": ["TopKConfig"]},
-    "runs-wrong": {"edits": [_WEIGHTS_OFF_BY_ONE], "without": []},
-    "does-not-load": {"edits": [_UNDEFINED_DECORATOR], "without": []},
+    "runs-wrong": {"edits": [_WEIGHTS_OFF_BY_ONE], "without": [], "patch": _WEIGHTS},
+    "does-not-load": {"edits": [_UNDEFINED_DECORATOR], "without": [], "patch": _WEIGHTS},
 }
 
 
@@ -961,7 +971,8 @@ def patch_probe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
     out = json.loads(proc.stdout.splitlines()[-1])
     assert Path(out.pop("audit_file")).is_relative_to(REPO)  # this checkout's audit ran
     for case, run in out.items():  # each case reached _check_patch: the patch applies
-        assert run["before"] == ["weights-only", _WEIGHTS, patching.APPLIES], case
+        form = "unknown" if _PATCH_PROBE_CASES[case].get("patch") else "weights-only"
+        assert run["before"] == [form, _WEIGHTS, patching.APPLIES], case
     return out
 
 
@@ -991,7 +1002,7 @@ def test_patch_that_cannot_be_run_here_stays_checked_as_text(patch_probe_runs: d
     keeps the patch's text status (still offered), records the probe that did not run, and
     a note says the patch is checked as text only."""
     run = patch_probe_runs["cannot-run"]
-    why = "probe failed: LookupError: the module has no TopKConfig"
+    why = "the module has no TopKConfig"
     assert run["upstream"] == {"ran": False, "why": why, "behaviour": ""}
     checked = run["checked"]
     assert checked["patch_status"] == patching.APPLIES
@@ -1029,8 +1040,10 @@ def test_patch_that_fails_the_probe_on_a_real_release_is_not_offered(
     """The real 0.5.13.post1 module and its real patch, applied to a text the patched
     function of which is wrong (``runs-wrong``) or cannot be defined over the module's
     globals (``does-not-load``: the text read carries a decorator the loaded module does
-    not define). ``_check_patch`` marks the patch not offered and keeps what the probe
-    said; ``_conclude`` then gives no path or command, and says why."""
+    not define). Neither edited body is in the ledger, so the case hands the check the
+    form's patch as the audit does for a known body. ``check_patch`` marks the patch not
+    offered and keeps what the probe said; ``conclude`` then gives no path or command,
+    and says why."""
     run = patch_probe_runs[case]
     assert run["upstream"]["ran"] is True  # the installed function runs here
     checked = run["checked"]

@@ -4,14 +4,13 @@ The first tests run the real command in a subprocess (real SGLang, real ``load_p
 and read both its table and its JSON. The others pin down the pieces
 (``sglang_amd_moe.diagnostics.e2e``): the legacy-sort emulation agrees with this
 package's reference on in-range ids and does what its docstring says on out-of-range
-ones, the consumer is exact under padding, the HIP router emulation, the AST rebuild of
-the mask-under-eplb-guard form (checked against the real reversed-0.5.14 environment),
+ones, the consumer is exact under padding, the HIP router emulation, the rebuild of
+the mask-under-eplb-guard form (the body the ledger knows as that form),
 the table, and the command lines of ``check`` and ``demo``.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import re
@@ -19,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ledger as ledger_tool  # tools/compat
 import pytest
 import releases
 import torch
@@ -26,13 +26,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_amd_moe.kernels import mxfp4_moe_sort_reference
 
-from sglang_amd_moe.diagnostics import check, demo, patching
-from sglang_amd_moe.diagnostics.e2e import rebuild, run, table
+from sglang_amd_moe.diagnostics import check, demo
+from sglang_amd_moe.diagnostics.e2e import run, sglang_calls, table
 from sglang_amd_moe.diagnostics.e2e.amd_emulation import hip_router_for, legacy_hip_sort
 from sglang_amd_moe.diagnostics.e2e.consumer import AiterLikeMoE, SortBuffers
 from sglang_amd_moe.diagnostics.e2e.model import TinyMoE, TinyMoEConfig
 from sglang_amd_moe.diagnostics.e2e.results import CheckResult, Compare, FormInfo, RowResult
-from sglang_amd_moe.runtime.sglang_forms import FUNCTION_NAME, classify_source
+from sglang_amd_moe.runtime.sglang import ledger
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -249,46 +249,18 @@ def test_hip_router_nan_rows_get_stale_words_finite_rows_are_routed() -> None:
     assert torch.equal(ids, ids2)  # fixed seed: the same garbage every run
 
 
-# -------------------------------------------------------------------------- rebuild
+# ------------------------------------------------------------------------ guard form
 
 
-def _function_dump(source: str) -> str:
-    tree = ast.parse(source)
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == FUNCTION_NAME)
-    return ast.dump(fn)
-
-
-def test_rebuild_matches_the_real_reversed_0_5_14() -> None:
-    """The AST rebuild of 0.5.14's function equals the real 0.5.14 source with upstream
-    PR 28378 reversed (the CI environment 0.5.14-mask-under-eplb-guard); the 0.5.14
-    source is recovered from it by un-applying the same diff."""
-    guard = _release("0.5.14-mask-under-eplb-guard")
-    path = guard.topk_path()
-    if path is None:  # a CI release: make test builds it, so missing is a failure
-        pytest.fail(f"{guard.venv} not built (python tools/compat/releases.py build {guard.label})")
-    diff = REPO / guard.patch
-    fixed_src = patching.apply_text(path.read_text(), diff.read_text(), reverse=True)
-    assert classify_source(fixed_src) == "fixed"
-    rebuilt = rebuild.rebuild_source(fixed_src)
-    assert classify_source(rebuilt) == "mask-under-eplb-guard"
-    assert _function_dump(rebuilt) == _function_dump(path.read_text())
-    with pytest.raises(rebuild.RebuildError, match="already"):
-        rebuild.rebuild_source(path.read_text())
-
-
-def test_rebuild_refuses_forms_without_a_mask() -> None:
-    src = """
-def _post_process_topk_ids(topk_ids, topk_weights, num_token_non_padded=None):
-    if _is_cuda:
-        pass
-    elif _is_hip:
-        _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)
-    return topk_ids, topk_weights
-"""
-    with pytest.raises(rebuild.RebuildError, match="never fills padded ids"):
-        rebuild.rebuild_source(src)
-    with pytest.raises(rebuild.RebuildError, match="no `_is_hip` branch"):
-        rebuild.rebuild_source("def _post_process_topk_ids(a):\n    return a\n")
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_the_guard_diffs_rebuild_the_form_the_ledger_knows(version: str) -> None:
+    """The check's ``mask-under-eplb-guard`` form: upstream PR 28378 reversed on a real
+    release's topk.py is the body the ledger knows as that form (by running it)."""
+    text = ledger_tool.wheel_topk(version)
+    assert ledger.read(text).form == "fixed"
+    assert ledger.read(sglang_calls.guard_source(text)).form == "mask-under-eplb-guard"
+    with pytest.raises(sglang_calls.GuardFormError, match="applies to this release"):
+        sglang_calls.guard_source(ledger_tool.wheel_topk("0.5.13.post1"))
 
 
 # ----------------------------------------------------------------------------- demo

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,19 +84,18 @@ def test_releases_tool_runs_as_a_script() -> None:
 
 
 def test_not_sglang_deselects_every_test_under_tests_sglang() -> None:
-    def collect(*args: str) -> list[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
-            + list(args),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=REPO,
-        )
-        assert proc.returncode in (0, 5), proc.stdout[-3000:] + proc.stderr[-3000:]
-        return [line for line in proc.stdout.splitlines() if "::" in line]
-
-    everything = collect("tests/sglang")
-    assert len(everything) > 20  # every release of the suite, so the check below means it
-    assert collect("-m", "sglang", "tests/sglang") == everything
-    assert collect("-m", "not sglang", "tests/sglang") == []
+    """One collection of tests/sglang with ``-m "not sglang"``: every test is deselected."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+        + ["-m", "not sglang", "tests/sglang"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode in (0, 5), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not [line for line in proc.stdout.splitlines() if "::" in line]
+    found = re.search(r"(\d+)/(\d+) tests? deselected|(\d+) deselected", proc.stdout)
+    assert found, proc.stdout[-1000:]
+    deselected = int(found.group(2) or found.group(3))
+    assert deselected > 20  # every release of the suite, so the check above means it

@@ -132,13 +132,6 @@ def test_cost_text_says_what_a_ratio_beyond_the_spread_shows() -> None:
     assert "(b) slower than (d) beyond the spread at batch 1" in text
 
 
-def test_every_request_batch_is_padded_in_its_graph() -> None:
-    """The design rests on this: no batch size is a captured size, all fit the largest."""
-    for size in (*harness.CHECK_SIZES, *harness.OVERHEAD_SIZES):
-        assert size not in harness.CAPTURE_BS
-        assert size < max(harness.CAPTURE_BS)
-
-
 def test_prompts_are_fixed_distinct_and_in_the_vocabulary() -> None:
     a = harness.prompts(0, 10, 1024)
     assert a == harness.prompts(0, 10, 1024)

@@ -17,7 +17,8 @@ default:
 
 One table row per (SGLang form, batch). The forms: the one installed, and a rebuilt
 ``mask-under-eplb-guard`` form (what upstream main had between PRs 28188 and 28378;
-never released), made from the installed function by an AST transform. "Without the
+never released), made from the installed topk.py with upstream PR 28378 reversed (the
+diffs in ``sglang_amd_moe/diagnostics/e2e/guard_form/``). "Without the
 plugin" runs before the plugin loads; "with the plugin" means ``SGLANG_AMD_MOE_FORCE=1``
 and SGLang's real ``sglang.srt.plugins.load_plugins()``, which finds this package's
 entry point.

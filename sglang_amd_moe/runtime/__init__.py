@@ -1,2 +1,3 @@
-"""What runs inside a server process: the plugin entry points, the form classifiers and
-the hooks. Nothing here imports :mod:`sglang_amd_moe.diagnostics`."""
+"""What runs inside a server process: the plugin entry points, the hook skeleton
+(``target``) and the SGLang and aiter targets. Nothing here imports
+:mod:`sglang_amd_moe.diagnostics`."""

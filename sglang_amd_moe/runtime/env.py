@@ -4,8 +4,8 @@ Read at call time, not import time, so a test or a launcher can set them after t
 package was imported.
 
 The gate (:func:`gate`) is the single place that decides whether this process may hook
-anything at all: the SGLang hook, the aiter hook and the plugin's entry points all ask
-it, so they can never disagree. It opens only when
+anything at all: the plugin's entry points ask it once and pass the answer to every hook.
+It opens only when ``SGLANG_AMD_MOE_DISABLE`` is not set and
 
 - torch is a ROCm build (``torch.version.hip``), or ``SGLANG_AMD_MOE_FORCE=1``; and
 - the installed Triton (the ``triton`` module, which ROCm torch brings as the
@@ -131,11 +131,10 @@ def triton_problem(version: str | None = None) -> str:
 
 
 def gate() -> tuple[bool, str]:
-    """Whether hooks may be registered in this process, and why (the text the log line uses).
-
-    Both hooks and the plugin's entry points ask this one function; see the module
-    docstring for the rule. ``SGLANG_AMD_MOE_DISABLE`` is checked by the callers first.
-    """
+    """Whether hooks may be registered in this process, and why (the text the log line
+    uses): ``SGLANG_AMD_MOE_DISABLE`` first, then the rule of the module docstring."""
+    if disabled():
+        return False, "disabled by SGLANG_AMD_MOE_DISABLE=1"
     if on_rocm():
         platform = "ROCm torch"
     elif forced():

@@ -6,17 +6,12 @@ server down: every failure while detecting or hooking, whatever upstream raises
 (``SystemExit`` from an import included; only ``KeyboardInterrupt`` passes through), is
 logged and leaves upstream untouched, so the plugins after this one still load.
 
-What it does, in order:
-
-1. makes the package's log line visible (see :func:`_make_log_visible`);
-2. installs the SGLang hook (``register`` only), then the aiter hook. Each applies
-   ``SGLANG_AMD_MOE_DISABLE=1`` and the gate (:func:`sglang_amd_moe.runtime.env.gate`:
-   ROCm torch or ``SGLANG_AMD_MOE_FORCE=1``, and a Triton the kernels run on) before it
-   imports anything: closed, it reports ``off`` with the reason and hooks nothing, and
-   the two hooks' identical lines make one. Otherwise each logs its own line.
-
-SGLang's own ``SGLANG_PLUGINS`` whitelist decides whether it runs at all. Calls are
-serialised by a lock, so threads calling it at once hook once.
+It makes the package's log line visible (:func:`_make_log_visible`), applies the gate
+once (``SGLANG_AMD_MOE_DISABLE=1``, then :func:`sglang_amd_moe.runtime.env.gate`: ROCm
+torch or ``SGLANG_AMD_MOE_FORCE=1``, and a Triton the kernels run on) and installs each
+target with it: the SGLang hook (``register`` only), then the aiter hook. A closed gate
+is one line for all of them. Calls are serialised by a lock, so threads calling it at
+once hook once. SGLang's own ``SGLANG_PLUGINS`` whitelist decides whether it runs at all.
 """
 
 from __future__ import annotations
@@ -24,6 +19,10 @@ from __future__ import annotations
 import builtins
 import logging
 import threading
+from collections.abc import Callable
+from typing import Any
+
+from sglang_amd_moe.runtime import env
 
 logger = logging.getLogger("sglang_amd_moe")
 
@@ -80,65 +79,53 @@ def _make_log_visible() -> None:
 
 def register() -> None:
     """SGLang entry point (``sglang.srt.plugins``): the SGLang hook, then the aiter one."""
-    _run(sglang=True)
+    _run(_targets(sglang=True))
 
 
 def register_vllm() -> None:
     """vLLM entry point (``vllm.general_plugins``): the aiter part only (ATOM under vLLM)."""
-    _run(sglang=False)
+    _run(_targets(sglang=False))
 
 
-def _run(*, sglang: bool) -> None:
+def _targets(*, sglang: bool) -> list[tuple[str, str, Callable[[], Any]]]:
+    """(what, whose code, how to get the target) of each hook, in install order."""
+    out = [("the aiter hook", "aiter", _aiter)]
+    return [("the SGLang hook", "SGLang", _sglang), *out] if sglang else out
+
+
+def _sglang() -> Any:
+    from sglang_amd_moe.runtime.sglang.hook import HOOK
+
+    return HOOK
+
+
+def _aiter() -> Any:
+    from sglang_amd_moe.runtime.aiter.hook import HOOK
+
+    return HOOK
+
+
+def _run(targets: list[tuple[str, str, Callable[[], Any]]]) -> None:
     try:
         with _LOCK:
             _make_log_visible()
-            # Each hook applies the disable switch and the gate itself (and reports "off"
-            # with the reason, which the audit reads); when both say the same, one line.
-            collapse = _CollapseRepeats()
-            logger.addFilter(collapse)
-            try:
-                if sglang:
-                    _guarded("the SGLang hook", "SGLang", _install_sglang)
-                _guarded("the aiter hook", "aiter", _install_aiter)
-            finally:
-                logger.removeFilter(collapse)
+            allowed, why = env.gate()
+            changed = False
+            for what, upstream, get in targets:
+                try:
+                    target = get()
+                    before = target.status()
+                    after = target.install((allowed, why))
+                    changed |= before is None or before.message != after.message
+                except BaseException as exc:
+                    _swallow(
+                        exc,
+                        f"sglang-amd-moe: {what} could not be installed; {upstream} left untouched",
+                    )
+            if not allowed and changed:
+                logger.info("sglang-amd-moe: %s; nothing hooked", why)
     except BaseException as exc:  # the lock, logging itself: still never raise
         _swallow(exc, "sglang-amd-moe: the plugin failed; nothing hooked")
-
-
-class _CollapseRepeats(logging.Filter):
-    """Within one registration, drops a line identical to one already logged (both hooks
-    report a closed gate or ``SGLANG_AMD_MOE_DISABLE`` in the same words)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._seen: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if text in self._seen:
-            return False
-        self._seen.add(text)
-        return True
-
-
-def _install_sglang() -> None:
-    from sglang_amd_moe.runtime import sglang_hook
-
-    sglang_hook.install()
-
-
-def _install_aiter() -> None:
-    from sglang_amd_moe.runtime import aiter_hook
-
-    aiter_hook.install()
-
-
-def _guarded(what: str, upstream: str, install) -> None:
-    try:
-        install()
-    except BaseException as exc:
-        _swallow(exc, f"sglang-amd-moe: {what} could not be installed; {upstream} left untouched")
 
 
 def _swallow(exc: BaseException, text: str) -> None:

@@ -25,7 +25,7 @@ def load_aiter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Module
     the module as it loads), else after it (patched in place); ``None``: no hook. This
     machine is not ROCm, so ``SGLANG_AMD_MOE_FORCE=1`` opens the hooks' gate.
     """
-    from sglang_amd_moe.runtime import aiter_hook
+    from sglang_amd_moe.runtime.aiter import hook as aiter_hook
 
     aiter_hook.uninstall()
     forget_aiter()

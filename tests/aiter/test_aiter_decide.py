@@ -16,9 +16,11 @@ import sys
 import pytest
 from aiter_testlib import STANDIN, forget_aiter
 
-from sglang_amd_moe.runtime import aiter_forms, aiter_hook, env
-from sglang_amd_moe.runtime.aiter_hook import Plan, Refusal, Runtime, decide
-from sglang_amd_moe.runtime.hookstate import STATES, HookStatus
+from sglang_amd_moe.runtime import env
+from sglang_amd_moe.runtime.aiter import forms as aiter_forms
+from sglang_amd_moe.runtime.aiter import hook as aiter_hook
+from sglang_amd_moe.runtime.aiter.hook import Plan, Runtime, decide
+from sglang_amd_moe.runtime.target import MARK, STATES, HookStatus, Refusal
 
 SHAPES = STANDIN / "aiter" / "_shapes"
 DROPPED = aiter_forms.analyze_source((SHAPES / "count_dropped" / "fused_moe.py").read_text())
@@ -117,16 +119,20 @@ def _finders() -> int:
 def test_off_rocm_without_force_nothing_is_hooked(standin_on_path, caplog) -> None:
     if env.on_rocm():
         pytest.skip("this torch is a ROCm build")
+    from sglang_amd_moe.runtime import plugin
+
     with caplog.at_level(logging.DEBUG, logger="sglang_amd_moe"):
-        st = aiter_hook.install()
+        plugin.register_vllm()
+        st = aiter_hook.status()
         again = aiter_hook.install()
+        plugin.register_vllm()
     assert isinstance(st, HookStatus) and st.state == "off" and st.target == "aiter"
     assert "not ROCm" in st.message and "SGLANG_AMD_MOE_FORCE=1" in st.message
     assert again == st and aiter_hook.status() == st
     assert _finders() == 0  # no import hook waiting for aiter
     import aiter.fused_moe as fm
 
-    assert not hasattr(fm._moe_sorting_impl, aiter_hook.MARK) and not aiter_hook.is_live()
+    assert not hasattr(fm._moe_sorting_impl, MARK) and not aiter_hook.is_live()
     mine = [r for r in caplog.records if r.name == "sglang_amd_moe"]
     assert [r.getMessage() for r in mine] == [st.message]  # one line, not one per call
 
@@ -170,14 +176,14 @@ def test_install_never_raises(standin_on_path, raised: BaseException, caplog) ->
     def boom():
         raise raised
 
-    standin_on_path.setattr(aiter_hook, "_kernels_error", boom)
+    standin_on_path.setattr(aiter_hook, "_kernels", boom)
     import aiter.fused_moe as fm
 
     with caplog.at_level(logging.WARNING, logger="sglang_amd_moe"):
         st = aiter_hook.install()
     assert st.state == "error" and type(raised).__name__ in st.message
     assert "aiter left untouched" in st.message and st.message in caplog.text
-    assert not hasattr(fm._moe_sorting_impl, aiter_hook.MARK) and not aiter_hook.is_live()
+    assert not hasattr(fm._moe_sorting_impl, MARK) and not aiter_hook.is_live()
 
 
 def test_keyboard_interrupt_is_not_swallowed(standin_on_path) -> None:
@@ -186,7 +192,7 @@ def test_keyboard_interrupt_is_not_swallowed(standin_on_path) -> None:
     def interrupt():
         raise KeyboardInterrupt
 
-    standin_on_path.setattr(aiter_hook, "_kernels_error", interrupt)
+    standin_on_path.setattr(aiter_hook, "_kernels", interrupt)
     import aiter.fused_moe  # noqa: F401
 
     with pytest.raises(KeyboardInterrupt):

@@ -65,7 +65,7 @@ CHILD = textwrap.dedent(
     else:
         run_entry()
         use_aiter()
-    from sglang_amd_moe.runtime import aiter_hook
+    from sglang_amd_moe.runtime.aiter import hook as aiter_hook
     st = aiter_hook.status()
     result.update(live=aiter_hook.is_live(), aiter_imported="aiter" in sys.modules,
                   status=None if st is None else {"state": st.state, "form": st.form,

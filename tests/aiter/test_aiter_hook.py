@@ -21,7 +21,8 @@ from aiter_testlib import (
     reference_sort,
 )
 
-from sglang_amd_moe.runtime import aiter_hook
+from sglang_amd_moe.runtime.aiter import hook as aiter_hook
+from sglang_amd_moe.runtime.target import MARK
 
 M, K, E, DIM = 48, 5, 33, 256
 # aiter PR 7083's shape for the count-rejected tree
@@ -171,7 +172,7 @@ def test_install_is_idempotent_and_rebinds_copies(load_aiter) -> None:
             assert aiter_hook.install() is first  # no new decision, no new line
         assert (first.state, first.form) == ("live", "count-dropped")
         wrapped = fm._moe_sorting_impl
-        assert getattr(wrapped, aiter_hook.MARK) is original
+        assert getattr(wrapped, MARK) is original
         assert copy_holder._moe_sorting_impl is wrapped
         assert sum(getattr(f, "_sglang_amd_moe_finder", False) for f in sys.meta_path) == 1
         assert first.detail["patched"] == [
@@ -252,7 +253,7 @@ def test_other_rejections_still_reject(load_aiter) -> None:
     odd = {**shape, "expert": 512}
     assert "MXFP4_MOE_SUPPORTED_SHAPES" in ask(md, **odd, num_local_tokens=n)
     # The original still rejects the count alone.
-    original = getattr(ask, aiter_hook.MARK)
+    original = getattr(ask, MARK)
     assert original(md, **shape, num_local_tokens=n) == "num_local_tokens"
 
 
@@ -265,8 +266,7 @@ def test_mxfp4_moe_sort_takes_a_count_where_aiter_has_none(load_aiter) -> None:
     assert aiter.mxfp4_moe_sort is aux_module.mxfp4_moe_sort
     assert "num_local_tokens" in inspect.signature(aiter.mxfp4_moe_sort).parameters
     assert (
-        "num_local_tokens"
-        not in inspect.signature(getattr(aiter.mxfp4_moe_sort, aiter_hook.MARK)).parameters
+        "num_local_tokens" not in inspect.signature(getattr(aiter.mxfp4_moe_sort, MARK)).parameters
     )
     ids, w = padded_routing(M, K, E, seed=17)
     for n in (None, 9):
@@ -328,7 +328,7 @@ def test_unknown_trees_are_left_alone_with_one_warning(
     assert str(tmp_path) in fm.__file__
     st = aiter_hook.status()
     assert (st.state, st.form) == ("refused", form) and not aiter_hook.is_live()
-    assert not hasattr(fm._moe_sorting_impl, aiter_hook.MARK)
+    assert not hasattr(fm._moe_sorting_impl, MARK)
     mine = [r for r in caplog.records if r.name == "sglang_amd_moe"]
     assert [r.levelname for r in mine] == ["DEBUG", "WARNING"]
     assert "unknown" in mine[1].getMessage() and mine[1].getMessage() == st.message
@@ -342,7 +342,7 @@ def test_without_our_kernels_aiter_is_left_alone(load_aiter, monkeypatch, caplog
     fm = load_aiter("count-dropped")
     st = aiter_hook.status()
     assert (st.state, st.form) == ("error", "count-dropped") and not aiter_hook.is_live()
-    assert not hasattr(fm._moe_sorting_impl, aiter_hook.MARK)
+    assert not hasattr(fm._moe_sorting_impl, MARK)
     assert "lacks adaptive_moe_sort" in caplog.text and "lacks adaptive_moe_sort" in st.message
 
 

@@ -7,16 +7,14 @@ the release's own files stay untouched). The audit runs in the release's interpr
 plain and with ``--load`` (one ``--load`` run per case; several assertions share it):
 
 * ``mask-off-by-one``: 0.5.14's fixed HIP branch, with the padded-id fill of
-  ``_mask_topk_ids_padded_region`` starting one row late. The source reads ``fixed``
-  (the plain audit, which runs nothing, says OK); running it leaves garbage ids in a
-  padded row, and the plugin, deciding from the file where topk is not imported yet,
-  leaves it alone: ``--load`` must not be OK.
-* ``weights-off-by-one``: 0.5.13.post1 whose padded-weight zeroing starts one row late.
-  The source reads ``weights-only``; running it shows padded weights left (it acts as
-  ``no-hip-handling``). The weights-only patch still applies as text, but the function
-  it makes still leaves a padded weight: ``--load`` does not offer it.
-* ``drift``: 0.5.12.post1 with a local edit where its patch anchors: plain and
-  ``--load`` report the same drift.
+  ``_mask_topk_ids_padded_region`` starting one row late. The function's text is a
+  release's, the helper it uses is not: the ledger does not know the body (never OK
+  in the plain audit); running it leaves garbage ids in a padded row, and the plugin
+  (previewed here) hooks it, and its hooked call comes out right.
+* ``weights-off-by-one``: 0.5.13.post1 whose padded-weight zeroing starts one row late:
+  unknown too; the hook is live with ``--load`` and its call comes out right.
+* ``drift``: 0.5.12.post1 with a comment where its patch anchors: the ledger still
+  knows the body, and plain and ``--load`` report the same drift.
 
 Also here: ``sglang_hook.preview()`` in a release's interpreter changes nothing in the
 process and decides what ``install()`` then decides.
@@ -35,7 +33,7 @@ from sglang_release_support import require_built, switches_off
 from variants import edit, overlay
 from variants.catalog import GUARD, NOHIP, WEIGHTS, fixed14
 
-from sglang_amd_moe.diagnostics import audit, patching
+from sglang_amd_moe.diagnostics import patching
 
 pytestmark = pytest.mark.sglang  # --load imports SGLang in the release's interpreter
 
@@ -60,7 +58,7 @@ def local_edit(text: str) -> str:
     return edit(
         text,
         "        M, N = router_logits.shape\n",
-        "        M, N = router_logits.shape  # local\n",
+        "        M, N = router_logits.shape  # a local comment\n",
     )
 
 
@@ -122,53 +120,30 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         }
 
 
-def test_source_reads_fixed_but_running_it_shows_it_wrong(runs: dict) -> None:
-    (p_doc, plain), (l_doc, load) = (
-        runs["mask-off-by-one"]["plain"],
-        runs["mask-off-by-one"]["load"],
-    )
-    # The plain audit runs nothing: the classifier's reading is all it has.
-    assert plain["form"] == load["form"] == "fixed"
-    assert plain["probe"] is None and p_doc["exit_status"] == 0
-    # --load runs it: the plugin (on ROCm, previewed here) leaves it alone, and upstream's
-    # function leaves garbage ids in a padded row.
-    assert l_doc["exit_status"] == 1 and load["needs_attention"], load["reason"]
+def test_a_changed_helper_is_unknown_and_the_plugin_runs_it(runs: dict) -> None:
+    (p_doc, plain), (l_doc, load) = (runs["mask-off-by-one"][k] for k in ("plain", "load"))
+    # The plain audit runs nothing: a body the ledger does not know needs a look.
+    assert plain["form"] == load["form"] == "unknown"
+    assert p_doc["exit_status"] == 1 and plain["needs_attention"] and plain["probe"] is None
+    assert plain["nearest"]["body"].startswith("sglang 0.5.14")
+    assert "the module code it uses differs" in plain["reason"], plain["reason"]
+    assert "sglang-amd-moe audit --load" in plain["reason"]
+    # --load runs it: upstream leaves garbage ids, the plugin (on ROCm, previewed here)
+    # hooks it, and the hooked call comes out right; still a look by hand.
     probe = load["probe"]
-    assert probe["ran"] and not probe["right"] and probe["of"] == "upstream's function"
-    assert probe["previewed"] and probe["plugin"] == "not-needed"
-    assert any("padded ids out of range" in f for f in probe["findings"]), probe
-    assert "shows it wrong" in load["reason"] and "padded ids out of range" in load["reason"]
-    # Said plainly: the plugin decides from the file where topk is not imported.
-    assert "decided from the source" in load["reason"], load["reason"]
+    assert probe["ran"] and probe["right"] and probe["previewed"] and probe["plugin"] == "pending"
+    assert load["hook"] == "not ROCm" and load["needs_attention"] and l_doc["exit_status"] == 1
+    assert "so the plugin decides by running it" in load["reason"], load["reason"]
 
 
-def test_source_and_behaviour_disagree_and_the_patch_is_run_before_it_is_offered(
-    runs: dict,
-) -> None:
+def test_an_unknown_body_with_a_live_hook_runs_right(runs: dict) -> None:
     (p_doc, plain), (l_doc, load) = (runs["weights-off-by-one"][k] for k in ("plain", "load"))
-    name = patching.patch_for("sglang", "weights-only")
-    assert plain["form"] == load["form"] == "weights-only"
-    assert plain["patch"] == load["patch"] == name
-    assert p_doc["exit_status"] == 0  # covered by the plugin, as far as the source tells
-    # Plain mode: the patch applies as text, is offered, and the output says it was only
-    # checked as text.
-    assert plain["patch_status"] == patching.APPLIES and plain["apply_command"]
-    assert any("checked as text only" in n for n in plain["notes"]), plain["notes"]
-    # --load: the hook is live and its call comes out right...
+    assert plain["form"] == load["form"] == "unknown" and plain["patch"] is None
+    assert plain["nearest"]["body"] == "sglang 0.5.13"
     probe = load["probe"]
     assert load["hook"] == "live" and probe["of"] == "the hooked call"
     assert probe["ran"] and probe["right"] and probe["behaviour"] == "no-hip-handling"
-    # ...but the source and the behaviour disagree: a person must look.
     assert load["needs_attention"] and l_doc["exit_status"] == 1
-    assert "the source reads as weights-only" in load["reason"]
-    assert "running it shows no-hip-handling" in load["reason"], load["reason"]
-    # The patch applies as text, but the function it makes leaves a padded weight: it is
-    # not offered (no path to apply, no command), and the probe's findings say why.
-    assert load["patch_status"] == audit.PATCH_FAILS_PROBE
-    assert load["apply_command"] is None
-    assert not load["patch_probe"]["right"] and load["patch_probe"]["ran"]
-    assert any("padded weights not zero" in f for f in load["patch_probe"]["findings"])
-    assert "not offered, the patch needs updating" in load["reason"]
 
 
 def test_load_and_plain_report_the_same_drift(runs: dict) -> None:
@@ -185,8 +160,8 @@ def test_load_and_plain_report_the_same_drift(runs: dict) -> None:
 
 _PREVIEW_SCRIPT = r"""
 import json, logging, sys
-from sglang_amd_moe.runtime import sglang_hook
-from sglang_amd_moe.runtime.hookstate import HookStatus
+from sglang_amd_moe.runtime.sglang import hook as sglang_hook
+from sglang_amd_moe.runtime.target import HookStatus
 
 records = []
 class Keep(logging.Handler):
@@ -200,7 +175,7 @@ tk = sys.modules["sglang.srt.layers.moe.topk"]
 original = tk._post_process_topk_ids
 after = {
     "status": sglang_hook.status(), "live": sglang_hook.is_live(),
-    "pending": sglang_hook._pending(), "active": sglang_hook._state.active,
+    "pending": sglang_hook.HOOK._still_hooked(), "active": sglang_hook.HOOK.active,
     "same_function": tk._post_process_topk_ids is original,
     "wrapped": hasattr(tk._post_process_topk_ids, "__wrapped__"),
 }

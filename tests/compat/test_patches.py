@@ -20,7 +20,7 @@ import pytest
 import releases
 
 from sglang_amd_moe.diagnostics import patching
-from sglang_amd_moe.runtime.sglang_forms import classify_source
+from sglang_amd_moe.runtime.sglang import ledger
 
 REPO = releases.REPO
 UPSTREAM_PATH = "python/sglang/srt/layers/moe/topk.py"
@@ -54,12 +54,12 @@ def sources() -> dict[str, str]:
 @pytest.mark.parametrize(("form", "label"), CASES)
 def test_patch_fixes_release_file(form: str, label: str, sources: dict[str, str]) -> None:
     src = sources[label]
-    assert classify_source(src) == form, "the release's own file no longer has its expected form"
+    assert ledger.read(src).form == form, "the release's own file no longer has its expected form"
     text = patching.read_patch(patching.patch_for("sglang", form))
     assert patching.status(src, text) == patching.APPLIES
     fixed = patching.apply_text(src, text)
     compile(fixed, UPSTREAM_PATH, "exec")
-    assert classify_source(fixed) == "fixed"
+    assert ledger.read(fixed).form == "fixed"
     assert patching.status(fixed, text) == patching.ALREADY_APPLIED
     assert patching.apply_text(fixed, text, reverse=True) == src
     # Every other SGLang patch is drift on this file (no patch fits two forms).

@@ -32,7 +32,7 @@ from aiter_testlib import (  # noqa: E402  (tests/aiter, on pytest's pythonpath)
     padded_routing,
 )
 
-from sglang_amd_moe.runtime import aiter_hook  # noqa: E402
+from sglang_amd_moe.runtime.aiter import hook as aiter_hook  # noqa: E402
 
 DEV = "cuda"
 COUNTS = (1, 5, 47, 48, 0)

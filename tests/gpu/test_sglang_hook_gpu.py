@@ -74,7 +74,7 @@ out["bare_padded_ids"] = sorted(set(bare_ids[100:].flatten().tolist()))
 out["bare_padded_w_nan"] = int(torch.isnan(bare_w[100:]).sum())
 
 from sglang.srt.plugins import load_plugins
-from sglang_amd_moe.runtime import sglang_hook
+from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 
 load_plugins()
 out["hook_live"] = sglang_hook.is_live()

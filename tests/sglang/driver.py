@@ -412,7 +412,7 @@ def import_topk(result: dict) -> Any | None:
         tk = importlib.import_module(TOPK_MODULE)
     except Exception as exc:  # e.g. 0.5.10 needs sgl_kernel's CUDA 12 libraries
         result["topk_import_error"] = f"{type(exc).__name__}: {exc}"
-        from sglang_amd_moe.runtime import sglang_hook
+        from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 
         result["status"] = status_dict(sglang_hook.status())
         return None
@@ -425,7 +425,7 @@ def whitelist_excludes_us(result: dict) -> None:
     os.environ["SGLANG_PLUGINS"] = "some_other_plugin"
     os.environ["SGLANG_AMD_MOE_FORCE"] = "1"
     load(result, "whitelist_load")
-    from sglang_amd_moe.runtime import sglang_hook
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 
     st = sglang_hook.status()
     result["whitelist_status"] = None if st is None else st.form
@@ -434,14 +434,15 @@ def whitelist_excludes_us(result: dict) -> None:
 
 def behaviour(tk: Any, batch: Batch, result: dict) -> None:
     """The function as it runs now: EPLB off and on, and the shared-expert append."""
-    from sglang_amd_moe.runtime import sglang_hook as hook
 
     t = time.perf_counter()
     predicate = next(
         (p for p in ("_eplb_remap_enabled", "is_expert_remapping_enabled") if hasattr(tk, p)), None
     )
     result["predicate"] = predicate
-    result["scenarios"] = eplb_scenarios(batch, Eplb(batch), result, lambda: hook.remap_enabled(tk))
+    from sglang_amd_moe.runtime.sglang.call import remap_enabled
+
+    result["scenarios"] = eplb_scenarios(batch, Eplb(batch), result, lambda: remap_enabled(tk))
     result["timings"]["scenarios"] = round(time.perf_counter() - t, 2)
     t = time.perf_counter()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -458,7 +459,7 @@ def behaviour(tk: Any, batch: Batch, result: dict) -> None:
 def not_hip_and_reload(tk: Any, batch: Batch, result: dict) -> None:
     """Plugin mode: not HIP at call time gives upstream's result bit for bit; loading
     again changes nothing."""
-    from sglang_amd_moe.runtime import sglang_hook as hook
+    from sglang_amd_moe.runtime.sglang import hook
 
     tk._is_hip = False
     try:
@@ -484,7 +485,7 @@ def not_hip_and_reload(tk: Any, batch: Batch, result: dict) -> None:
 def broken_upstream_and_verify(tk: Any, batch: Batch, result: dict) -> None:
     """Bare mode: a missing function logs and does not raise; then another plugin's
     AROUND hook first, ours on top of it with ``SGLANG_AMD_MOE_VERIFY=1``."""
-    from sglang_amd_moe.runtime import sglang_hook as hook
+    from sglang_amd_moe.runtime.sglang import hook
 
     original = tk._post_process_topk_ids
     os.environ["SGLANG_AMD_MOE_FORCE"] = "1"
@@ -562,7 +563,7 @@ def unknown_form(tk: Any, batch: Batch, result: dict, workdir: str) -> None:
     result["bare"] = batch.call(None)
     result["bare_unpadded"] = batch.call(None, padded=False)
     os.environ["SGLANG_AMD_MOE_FORCE"] = "1"
-    from sglang_amd_moe.runtime import sglang_hook
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 
     register_again(result, "register_raised")
     result["is_live"] = sglang_hook.is_live()
@@ -584,7 +585,7 @@ def run(mode: str, workdir: str) -> DriverResult:
         tk = import_topk(result)
         if tk is not None:
             take_hip_branch(tk)  # take the HIP branch on this CPU
-            from sglang_amd_moe.runtime import sglang_hook as hook
+            from sglang_amd_moe.runtime.sglang import hook
 
             result["topk_file"] = tk.__file__
             result["function_is_wrapped"] = hasattr(tk._post_process_topk_ids, "__wrapped__")

@@ -1,6 +1,6 @@
 """Measure what deciding costs in a process: run in a release's interpreter.
 
-``python tests/sglang/probe_cost.py [N]`` prints JSON: the classifier on the installed
+``python tests/sglang/probe_cost.py [N]`` prints JSON: the ledger's reading of the installed
 topk.py, importing topk (the plugin imports it only where the file is not ``fixed``),
 the probe of the installed function (first call, then the median and max of N more),
 and ``sglang_hook.install()`` as a whole (with ``SGLANG_AMD_MOE_FORCE=1``), with the
@@ -23,14 +23,15 @@ def main(argv: list[str]) -> int:
     import importlib.metadata
 
     out["sglang"] = importlib.metadata.version("sglang")
-    from sglang_amd_moe.runtime import sglang_hook, sglang_probe
-    from sglang_amd_moe.runtime.sglang_forms import analyze_source
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
+    from sglang_amd_moe.runtime.sglang import ledger
+    from sglang_amd_moe.runtime.sglang import probe as sglang_probe
 
-    path = sglang_hook._topk_path()
+    path = sglang_hook.topk_path()
     t = time.perf_counter()
-    report = analyze_source(path.read_text())
-    out["classifier_s"] = round(time.perf_counter() - t, 4)
-    out["form"] = report.form
+    reading = ledger.read(path.read_text())
+    out["ledger_s"] = round(time.perf_counter() - t, 4)
+    out["form"] = reading.form
     t = time.perf_counter()
     import sglang.srt.layers.moe.topk as tk
 

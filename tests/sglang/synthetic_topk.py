@@ -1,5 +1,5 @@
 """A small stand-in for SGLang's topk module, for fast tests of the probe and the
-classifier (no SGLang import): the same names, flags and helpers the real module has
+ledger's scans (no SGLang import): the same names, flags and helpers the real module has
 (``_is_hip``, ``_is_cuda``, ``TopKConfig``, ``_mask_topk_ids_padded_region`` with a
 ``fill_value``, ``_zero_topk_weights_padded_region``, ``_eplb_remap_enabled``,
 ``topk_ids_logical_to_physical``), written to a file and imported under a private name,

@@ -1,4 +1,4 @@
-"""``sglang_hook.decide`` (pure): what is read and observed -> a plan or a refusal.
+"""``decide`` (pure): what is observed (else what the ledger knows) -> a plan or a refusal.
 
 The observations are the probe's real ones on the synthetic topk module, so each case
 is what the probe says about that code; the real releases and the variant library
@@ -11,17 +11,12 @@ import dataclasses
 import pytest
 import synthetic_topk as syn
 
-from sglang_amd_moe.runtime.sglang_forms import analyze_source
-from sglang_amd_moe.runtime.sglang_hook import (
-    STANDARD_PLANS,
-    Inputs,
-    Plan,
-    Refusal,
-    alternatives,
-    decide,
-    form_of,
-)
-from sglang_amd_moe.runtime.sglang_probe import ProbeResult, probe_module
+from sglang_amd_moe.runtime.sglang import ledger
+from sglang_amd_moe.runtime.sglang.call import STANDARD_PLANS, Plan
+from sglang_amd_moe.runtime.sglang.hook import Inputs, alternatives, decide
+from sglang_amd_moe.runtime.sglang.names import ACTIONS
+from sglang_amd_moe.runtime.sglang.probe import ProbeResult, probe_module
+from sglang_amd_moe.runtime.target import Refusal
 
 PARAMS = (
     "topk_ids",
@@ -39,9 +34,17 @@ def inputs(tmp_path):
     def build(form: str, **kw) -> Inputs:
         text = syn.source(form)
         mod = syn.load(text, tmp_path)
-        return Inputs(analyze_source(text), probe_module(mod), kw.pop("params", PARAMS), **kw)
+        reading = ledger.read(text)
+        params = kw.pop("params", PARAMS)
+        return Inputs(params, None, probe_module(mod), reading.remaps_on_hip, **kw)
 
     return build
+
+
+def _entry(form: str) -> ledger.Entry:
+    plan = STANDARD_PLANS.get(form)
+    as_dict = dataclasses.asdict(plan) if plan is not None else None
+    return ledger.Entry(form, as_dict, ("a release",))
 
 
 @pytest.mark.parametrize(
@@ -67,26 +70,18 @@ def test_right_behaviour_is_left_alone(inputs) -> None:
     assert decide(inputs("fixed", verify=True)) == Plan(False, "upstream", False, verify=True)
 
 
-def test_behaviour_wins_over_the_source(inputs) -> None:
-    """The source reads as weights-only; what runs is right: nothing to hook."""
-    right = inputs("fixed")
-    shaped = dataclasses.replace(right, report=analyze_source(syn.source("weights-only")))
-    assert shaped.report.form == "weights-only"
-    assert form_of(shaped) == "fixed"
-    assert isinstance(decide(shaped), Refusal)
+def test_behaviour_wins_over_the_ledger(inputs) -> None:
+    """The ledger knows the body as weights-only; what runs is right: nothing to hook."""
+    right = dataclasses.replace(inputs("fixed"), known=_entry("weights-only"))
+    assert isinstance(decide(right), Refusal)
 
 
-def test_no_remap_seen_but_one_in_the_source_owns_the_remap(inputs) -> None:
-    """The probe saw no remap (it could not steer the predicate, say) while the source
-    shows one on HIP: adding a remap could remap twice, so the hook owns it."""
+def test_no_remap_seen_but_one_on_a_hip_path_owns_the_remap(inputs) -> None:
+    """The probe saw no remap (it could not steer the predicate, say) while a non-CUDA
+    path of the source calls one: adding a remap could remap twice, so the hook owns it."""
     seen_none = inputs("weights-only")
-    shaped = dataclasses.replace(
-        seen_none, report=analyze_source(syn.source("mask-under-eplb-guard"))
-    )
-    assert decide(shaped).remap == "own"
-    unsure = dataclasses.replace(seen_none, report=analyze_source(syn.source("fill-minus-one")))
-    assert unsure.report.form == "unknown"
-    assert decide(unsure).remap == "own"
+    assert not seen_none.remaps_on_hip and decide(seen_none).remap == "add"
+    assert decide(dataclasses.replace(seen_none, remaps_on_hip=True)).remap == "own"
 
 
 def test_real_rows_changed_is_refused(inputs) -> None:
@@ -108,23 +103,26 @@ def test_signature_problems(inputs) -> None:
     assert isinstance(no_remap, Refusal) and "topk_ids_logical_to_physical" in no_remap.reason
 
 
-@pytest.mark.parametrize(
-    "form", ["no-hip-handling", "weights-only", "mask-under-eplb-guard", "unknown"]
-)
-def test_without_an_observation_the_form_decides(inputs, form: str) -> None:
-    source_form = "fill-minus-one" if form == "unknown" else form
-    base = inputs(source_form)
-    assert base.report.form == form
+@pytest.mark.parametrize("form", ["no-hip-handling", "weights-only", "mask-under-eplb-guard"])
+def test_without_an_observation_the_ledger_decides(inputs, form: str) -> None:
+    base = dataclasses.replace(inputs(form), known=_entry(form))
     for observed in (None, ProbeResult(False, "could not run")):
-        got = decide(dataclasses.replace(base, observed=observed))
-        assert got == STANDARD_PLANS[form] or (form == "unknown" and got.remap == "upstream")
+        assert decide(dataclasses.replace(base, observed=observed)) == STANDARD_PLANS[form]
+    fixed = dataclasses.replace(base, observed=None, known=_entry("fixed"))
+    assert decide(fixed) == Refusal("not-needed", ACTIONS["fixed"])
 
 
-def test_a_raise_on_this_cpu_is_no_observation(inputs) -> None:
+def test_an_unknown_body_that_cannot_be_judged_is_refused(inputs) -> None:
+    """A raise on this CPU is no observation; the ledger does not know the body: never a
+    guessed plan."""
     raised = inputs("raises-systemexit")
-    assert raised.observed.ran and all(o.raised for o in raised.observed.observations)
-    assert form_of(raised) == raised.report.form
-    assert isinstance(decide(raised), Plan)
+    assert raised.observed.ran and not raised.observed.usable
+    got = decide(raised)
+    assert isinstance(got, Refusal) and got.state == "refused"
+    assert "the ledger does not know this body" in got.reason
+    assert decide(dataclasses.replace(raised, known=_entry("weights-only"))) == Plan(
+        True, "add", False
+    )
 
 
 def test_alternatives_escalate_in_order() -> None:
@@ -141,8 +139,6 @@ def test_alternatives_escalate_in_order() -> None:
 
 
 def test_plan_descriptions_match_the_forms_actions() -> None:
-    from sglang_amd_moe.runtime.sglang_forms import ACTIONS
-
     for form in ("no-hip-handling", "weights-only", "mask-under-eplb-guard"):
         assert STANDARD_PLANS[form].describe(form) == ACTIONS[form]
     own = Plan(True, "own", False, post_mask=True).describe("unknown")

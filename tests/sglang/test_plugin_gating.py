@@ -19,7 +19,8 @@ import textwrap
 import pytest
 from sglang_release_support import driver_env, releases, require_built
 
-from sglang_amd_moe.runtime import env, plugin, sglang_hook
+from sglang_amd_moe.runtime import env, plugin
+from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 
 MAIN = releases.BY_LABEL[releases.MAIN_RELEASE]
 NOT_ROCM = "not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it)"
@@ -46,7 +47,8 @@ CHILD = textwrap.dedent(
     plugin.register()
     plugin.register()
     plugin.register_vllm()
-    from sglang_amd_moe.runtime import aiter_hook, sglang_hook
+    from sglang_amd_moe.runtime.aiter import hook as aiter_hook
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
     sg, ai = sglang_hook.status(), aiter_hook.status()
     print("RESULT " + json.dumps({
         "lines": lines,
@@ -143,13 +145,25 @@ def test_a_failing_hook_does_not_stop_the_other(monkeypatch, caplog) -> None:
     monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")
     monkeypatch.delenv("SGLANG_AMD_MOE_DISABLE", raising=False)
     ran = []
-    monkeypatch.setattr(plugin, "_install_aiter", lambda: ran.append("aiter"))
+
+    class Aiter:
+        def status(self):
+            return None
+
+        def install(self, gate):
+            ran.append("aiter")
+            return aiter_status
+
+    from sglang_amd_moe.runtime.target import HookStatus
+
+    aiter_status = HookStatus("aiter", "not-needed", None, "fake")
+    monkeypatch.setattr(plugin, "_aiter", Aiter)
     for exc in (RuntimeError("boom"), SystemExit(3), GeneratorExit()):
 
         def boom(exc=exc):
             raise exc
 
-        monkeypatch.setattr(plugin, "_install_sglang", boom)
+        monkeypatch.setattr(plugin, "_sglang", boom)
         with caplog.at_level(logging.INFO, logger="sglang_amd_moe"):
             plugin.register()  # returns
         assert ran.pop() == "aiter"
@@ -161,7 +175,7 @@ def test_a_failing_hook_does_not_stop_the_other(monkeypatch, caplog) -> None:
     def interrupt():
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(plugin, "_install_sglang", interrupt)
+    monkeypatch.setattr(plugin, "_sglang", interrupt)
     with pytest.raises(KeyboardInterrupt):
         plugin.register()
     assert ran == []
@@ -201,8 +215,10 @@ def test_not_rocm_without_force_the_sglang_hook_stays_off(fresh, caplog) -> None
     if env.on_rocm():
         pytest.skip("this torch is a ROCm build")
     with caplog.at_level(logging.INFO, logger="sglang_amd_moe"):
-        result = sglang_hook.install()
-        again = sglang_hook.install()
+        result = sglang_hook.install()  # a closed gate: recorded, logged by the plugin
+        plugin.register()
+        plugin.register()
+        again = sglang_hook.status()
     assert not result.hooked and not again.hooked
     assert result.message == f"sglang-amd-moe: {NOT_ROCM}; nothing hooked" == again.message
     assert len(_summaries(caplog)) == 1  # one line per process, not per call
@@ -231,7 +247,7 @@ def test_install_never_raises(fresh, caplog) -> None:
         raise RuntimeError("simulated failure while locating topk.py")
 
     fresh.setenv("SGLANG_AMD_MOE_FORCE", "1")
-    fresh.setattr(sglang_hook, "_topk_path", boom)
+    fresh.setattr(sglang_hook, "topk_path", boom)
     with caplog.at_level(logging.INFO, logger="sglang_amd_moe"):
         result = sglang_hook.install()
         plugin.register()

@@ -1,4 +1,4 @@
-"""The probe (``sglang_probe``) on the synthetic topk module: what it observes, and that
+"""The probe (``runtime/sglang/probe.py``) on the synthetic topk module: what it observes, and that
 it never changes the module, never raises and never touches a GPU. Fast: no SGLang."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import synthetic_topk as syn
 import torch
 
-from sglang_amd_moe.runtime import sglang_probe
-from sglang_amd_moe.runtime.sglang_probe import ProbeEnv, probe, probe_module, probe_source
+from sglang_amd_moe.runtime.sglang import probe as sglang_probe
+from sglang_amd_moe.runtime.sglang.probe import ProbeEnv, probe, probe_module, probe_source
 
 
 @pytest.fixture
@@ -51,15 +51,54 @@ def test_behaviour_per_form_and_the_module_is_untouched(make, form: str, behavio
 
 
 def test_what_each_scenario_saw(make) -> None:
-    off, on = probe_module(make("inverted-guard")).observations
-    assert off.scenario == "eplb-off" and on.scenario == "eplb-on"
+    off, off_info, on, shared = probe_module(make("inverted-guard")).observations
+    names = [o.scenario for o in (off, off_info, on, shared)]
+    assert names == ["eplb-off", "eplb-off+info", "eplb-on", "shared-expert"]
     # EPLB off with a dispatch info passed: the inverted guard remaps, it must not.
-    assert off.real_ids == "remapped-once" and off.remaps == 1
+    assert off_info.real_ids == "remapped-once" and off_info.remaps == 1
+    assert off.real_ids == "as-given" and off.remaps == 0  # no dispatch info: no remap
     assert on.real_ids == "as-given" and on.remaps == 0
     assert off.predicate_reads == on.predicate_reads == 1
     assert off.pad_ids_in_range and off.pad_weights_zero
-    twice = probe_module(make("double-remap")).observations[1]
+    twice = probe_module(make("double-remap")).scenario("eplb-on")
     assert twice.real_ids == "remapped-twice" and twice.remaps == 2
+
+
+def test_a_mask_only_with_dispatch_info_is_caught_without_one(tmp_path) -> None:
+    """The default server passes no dispatch info: a body that masks only when it gets
+    one is wrong there, and only the EPLB-off-without-info scenario shows it."""
+    body = syn.BODIES["fixed"].replace(
+        "        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n",
+        "        if expert_location_dispatch_info is not None:\n"
+        "            _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n",
+    )
+    result = probe_module(syn.load(syn.source("fixed", body), tmp_path))
+    assert not result.correct
+    wrong = [o.scenario for o in result.observations if not o.ok]
+    assert wrong == ["eplb-off", "shared-expert"]  # the two without dispatch info
+
+
+def test_the_shared_expert_append_shows_whether_padded_weights_are_refilled(tmp_path) -> None:
+    """Upstream's append gives padded rows the shared expert's weight: a body that zeroes
+    padded weights only before it leaves them live; one that zeroes after it does not."""
+    append = (
+        "    if topk_config.num_fused_shared_experts > 0 and _use_aiter:\n"
+        "        from sglang.srt.layers.moe.fused_moe_triton import fused_append_shared_experts\n"
+        "        topk_ids, topk_weights = fused_append_shared_experts(\n"
+        "            topk_ids, topk_weights, 1, 1.0, router_logits.shape[1]\n"
+        "        )\n"
+    )
+    rezero = "    _zero_topk_weights_padded_region(topk_weights, num_token_non_padded)\n"
+    before = syn.source("fixed").replace(syn.RETURN, append + syn.RETURN)
+    after = syn.source("fixed").replace(syn.RETURN, append + rezero + syn.RETURN)
+    prelude = "_use_aiter = False\n"
+    before_mod = syn.load(prelude + before, tmp_path)
+    after_mod = syn.load(prelude + after, tmp_path)
+    assert probe_module(before_mod).refills_after_append is False
+    assert not probe_module(before_mod).correct
+    assert probe_module(after_mod).refills_after_append is True
+    assert probe_module(after_mod).correct
+    assert before_mod._use_aiter is False  # the module itself is untouched
 
 
 def test_upstream_raising_is_an_observation_not_a_crash(make) -> None:

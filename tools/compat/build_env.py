@@ -184,7 +184,7 @@ def check_import(python: Path) -> dict:
     release without one (0.5.10) cannot load the plugin at all, so its topk need not
     import on this CPU machine (0.5.10's pulls in sgl_kernel, which needs CUDA's NVRTC):
     the failure is recorded as ``topk_import_error`` and the environment still serves the
-    classifier, the audit and the patch checks, which only read its files.
+    ledger, the audit and the patch checks, which only read its files.
     """
     code = (
         "import json, time, importlib.metadata as md, importlib.util as u; t=time.time();"

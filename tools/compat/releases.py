@@ -3,7 +3,7 @@
 Each entry is one environment under ``.compat/<label>/`` layered on ``.venv`` (see
 ``build_env.py``), except the main release, which lives in ``.venv`` itself.
 ``expected_form`` is the form the release's upstream ``_post_process_topk_ids`` has (the
-README's release table); the tests check the classifier against it on the real installed
+README's release table); the tests check the ledger's form against it on the real installed
 source.
 
 Usage::
@@ -101,7 +101,7 @@ RELEASES = [
         "mask-under-eplb-guard",
         True,
         ci=True,
-        patch="tools/compat/reverse_28378_mask_under_eplb_guard.diff",
+        patch="sglang_amd_moe/diagnostics/e2e/guard_form/from_0.5.14.diff",
     ),
     Release("0.5.17", "0.5.17", "fixed", True, ci=False),
     Release("0.5.19", "0.5.19", "fixed", True, ci=False),

@@ -326,7 +326,7 @@ def _patch_topk(mod) -> None:
 
 def _hook_state() -> dict:
     """The plugin's own view of its SGLang hook in this process (None: never loaded)."""
-    hook = sys.modules.get("sglang_amd_moe.runtime.sglang_hook")
+    hook = sys.modules.get("sglang_amd_moe.runtime.sglang.hook")
     if hook is None:
         return {"loaded": False}
     status = hook.status()

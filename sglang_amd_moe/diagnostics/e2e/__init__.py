@@ -6,10 +6,10 @@ one job each, in the order data flows through them:
 
 - :mod:`.run`: the orchestration (every form and batch, without and with the plugin);
 - :mod:`.model`: the small DeepSeek-style MoE model, built in memory;
-- :mod:`.sglang_calls`: the installed SGLang's real routing and plugin loader;
+- :mod:`.sglang_calls`: the installed SGLang's real routing and plugin loader, and the
+  unreleased ``mask-under-eplb-guard`` form rebuilt from it (``guard_form/*.diff``);
 - :mod:`.amd_emulation`: the two pieces of AMD device code that cannot run here;
 - :mod:`.consumer`: the aiter-like MoE consumer (this package's sort);
-- :mod:`.rebuild`: the unreleased ``mask-under-eplb-guard`` form, rebuilt by AST;
 - :mod:`.worker`: the rebuilt form with the plugin, in a subprocess;
 - :mod:`.results` and :mod:`.table`: what is reported, and the printed table.
 

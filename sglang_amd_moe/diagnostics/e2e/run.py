@@ -7,7 +7,7 @@ are compared. Order matters, because the plugin loads once per process and class
 the function that is running when it loads:
 
 1. the installed form, without the plugin;
-2. the rebuilt ``mask-under-eplb-guard`` form (:mod:`.rebuild`), without the plugin,
+2. the rebuilt ``mask-under-eplb-guard`` form (``sglang_calls.guard_form``), without the plugin,
    put in place on the topk module for the duration;
 3. the plugin loaded by SGLang's ``load_plugins()``, then the installed form again;
 4. the rebuilt form with the plugin: in a worker subprocess (:mod:`.worker`, started
@@ -36,7 +36,6 @@ import torch
 from sglang_amd_moe.diagnostics.e2e.amd_emulation import hip_router_for
 from sglang_amd_moe.diagnostics.e2e.consumer import AiterLikeMoE, ConsumerStats
 from sglang_amd_moe.diagnostics.e2e.model import TinyMoE, TinyMoEConfig
-from sglang_amd_moe.diagnostics.e2e.rebuild import REBUILT, RebuildError, rebuild_function
 from sglang_amd_moe.diagnostics.e2e.results import (
     REL_TOL,
     CheckResult,
@@ -46,16 +45,19 @@ from sglang_amd_moe.diagnostics.e2e.results import (
     row_from_dict,
 )
 from sglang_amd_moe.diagnostics.e2e.sglang_calls import (
+    GUARD_FORM,
+    GuardFormError,
     eager,
     function_in_place,
+    guard_form,
     hip_branch,
     import_topk,
     load_plugin,
     make_topk_config,
     route_through_sglang,
 )
-from sglang_amd_moe.runtime.sglang_forms import classify_source
-from sglang_amd_moe.runtime.sglang_hook import TOPK_MODULE
+from sglang_amd_moe.runtime.sglang import ledger
+from sglang_amd_moe.runtime.sglang.names import TOPK_MODULE
 
 logger = logging.getLogger(__name__)
 
@@ -247,27 +249,24 @@ def _run_check(device: str, worker: Worker | None, started: float) -> CheckResul
         ) from exc
     version = importlib.metadata.version("sglang")
     bench = build_bench(device)
-    installed_form = classify_source(inspect.getsource(mod))
+    installed_form = ledger.read(inspect.getsource(mod)).form
     forms = [FormInfo("installed", installed_form)]
     without = run_form(bench, mod, "installed", installed_form, plugin=False)
 
     rebuilt_info = None
     if worker is not None:
         try:
-            fn, src = rebuild_function(mod)
-        except RebuildError as exc:
-            rebuilt_info = FormInfo("rebuilt", REBUILT, note=str(exc), reachable=False)
+            fn, src = guard_form(mod)
+        except GuardFormError as exc:
+            rebuilt_info = FormInfo("rebuilt", GUARD_FORM, note=str(exc), reachable=False)
         else:
-            got = classify_source(src)
-            note = (
-                "reconstruction: the installed function with the HIP mask moved under the "
-                "EPLB guard (AST)"
-            )
-            if got != REBUILT:
-                note += f"; WARNING: the classifier reads it as {got}"
-            rebuilt_info = FormInfo("rebuilt", REBUILT, note=note)
+            got = ledger.read(src).form
+            note = "reconstruction: the installed topk.py with upstream PR 28378 reversed"
+            if got != GUARD_FORM:
+                note += f"; WARNING: the ledger knows it as {got}"
+            rebuilt_info = FormInfo("rebuilt", GUARD_FORM, note=note)
             with function_in_place(mod, fn):
-                without += run_form(bench, mod, "rebuilt", REBUILT, plugin=False)
+                without += run_form(bench, mod, "rebuilt", GUARD_FORM, plugin=False)
         forms.append(rebuilt_info)
 
     live, message = load_plugin()
@@ -280,7 +279,7 @@ def _run_check(device: str, worker: Worker | None, started: float) -> CheckResul
             tail = "\n".join(worker.stderr.strip().splitlines()[-5:])
             for n, m in BATCHES:
                 error = f"worker failed: {tail[-200:]}"
-                with_.append(RowResult(REBUILT, "rebuilt", n, m, True, error=error))
+                with_.append(RowResult(GUARD_FORM, "rebuilt", n, m, True, error=error))
         elif payload["reachable"]:
             rebuilt_info.hook_live = payload["hook_live"]
             rebuilt_info.hook_message = payload["hook_message"]

@@ -16,14 +16,25 @@ import inspect
 import os
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch._dynamo
 
-from sglang_amd_moe.runtime import sglang_hook
-from sglang_amd_moe.runtime.sglang_forms import FUNCTION_NAME
-from sglang_amd_moe.runtime.sglang_hook import TOPK_MODULE
+from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.runtime.sglang import hook as sglang_hook
+from sglang_amd_moe.runtime.sglang.names import FUNCTION_NAME, TOPK_MODULE
+from sglang_amd_moe.runtime.sglang.probe import function_from_source, rebind
+
+#: The form :func:`guard_form` builds, and the diffs it builds it with (package data):
+#: upstream PR 28378 reversed on a release's topk.py, one diff per span of releases.
+GUARD_FORM = "mask-under-eplb-guard"
+GUARD_DIFFS = tuple(sorted((Path(__file__).parent / "guard_form").glob("*.diff")))
+
+
+class GuardFormError(RuntimeError):
+    """No diff of :data:`GUARD_DIFFS` applies to the installed topk.py."""
 
 
 def import_topk() -> ModuleType:
@@ -31,6 +42,26 @@ def import_topk() -> ModuleType:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return importlib.import_module(TOPK_MODULE)
+
+
+def guard_source(text: str) -> str:
+    """``text`` (a topk.py) with upstream PR 28378 reversed by the first diff of
+    :data:`GUARD_DIFFS` that applies to it."""
+    for diff in GUARD_DIFFS:
+        patch = diff.read_text()
+        if patching.status(text, patch) == patching.APPLIES:
+            return patching.apply_text(text, patch)
+    names = ", ".join(d.name for d in GUARD_DIFFS)
+    raise GuardFormError(f"none of the diffs that rebuild it ({names}) applies to this release")
+
+
+def guard_form(mod: ModuleType) -> tuple[Callable, str]:
+    """The never-released ``mask-under-eplb-guard`` form of the installed function
+    (:func:`guard_source`), compiled over the module's own globals, its source registered
+    for ``inspect`` (the plugin reads the running function). Returns (function, text)."""
+    source = guard_source(inspect.getsource(mod))
+    fn, _ = function_from_source(mod, source)
+    return rebind(fn, vars(mod)), source
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ footnotes that define every column."""
 from __future__ import annotations
 
 from sglang_amd_moe.diagnostics.e2e.results import CheckResult, Compare
-from sglang_amd_moe.runtime.sglang_forms import FUNCTION_NAME
+from sglang_amd_moe.runtime.sglang.names import FUNCTION_NAME
 
 #: The routing line when ``select_experts`` could not be used (``sglang_calls``).
 DIRECT_NOTE = (

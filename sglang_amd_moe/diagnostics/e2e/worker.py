@@ -25,22 +25,27 @@ def rebuilt_with_plugin(device: str) -> dict[str, Any]:
     """Put the rebuilt function in place, load the plugin, run every batch."""
     # Imported here, after main() has chosen whether Triton interprets: these modules
     # import the kernels, and so Triton, which reads TRITON_INTERPRET on import.
-    from sglang_amd_moe.diagnostics.e2e.rebuild import REBUILT, RebuildError, rebuild_function
     from sglang_amd_moe.diagnostics.e2e.run import build_bench, run_form
-    from sglang_amd_moe.diagnostics.e2e.sglang_calls import import_topk, load_plugin
-    from sglang_amd_moe.runtime.sglang_forms import FUNCTION_NAME
+    from sglang_amd_moe.diagnostics.e2e.sglang_calls import (
+        GUARD_FORM,
+        GuardFormError,
+        guard_form,
+        import_topk,
+        load_plugin,
+    )
+    from sglang_amd_moe.runtime.sglang.names import FUNCTION_NAME
 
     mod = import_topk()
     try:
-        fn, _ = rebuild_function(mod)
-    except RebuildError as exc:
+        fn, _ = guard_form(mod)
+    except GuardFormError as exc:
         return {"reachable": False, "note": str(exc), "rows": []}
     setattr(mod, FUNCTION_NAME, fn)
     # topk is imported and the rebuilt function is the running one: the plugin classifies
     # the running function (not the installed file, whose form is `fixed`).
     live, message = load_plugin()
     bench = build_bench(device)
-    rows = run_form(bench, mod, "rebuilt", REBUILT, plugin=True)
+    rows = run_form(bench, mod, "rebuilt", GUARD_FORM, plugin=True)
     return {
         "reachable": True,
         "hook_live": live,

@@ -3,7 +3,7 @@
 Why it exists: real aiter cannot be imported without ROCm (its JIT asks ``hipconfig``
 for the ROCm version at import), yet the plugin's aiter hook must be tested on a CPU machine
 against aiter's exact API. This package reproduces, name for name, the parts of aiter
-that ``sglang_amd_moe.runtime.aiter_hook`` reads, wraps or calls, and nothing more:
+that ``sglang_amd_moe.runtime.aiter.hook`` reads, wraps or calls, and nothing more:
 
 - ``aiter.fused_moe``: ``_adaptive_moe_sort``, ``_moe_sorting_impl``, ``moe_sorting``,
   ``fused_moe`` -> ``fused_moe_`` (the custom op) -> ``_fused_moe_impl`` (the plain
@@ -22,7 +22,7 @@ quantisation, tuned-config CSVs and the JIT are not reproduced (see ``fused_moe`
 
 ``SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE`` (read here, at import) selects which upstream tree
 ``aiter.fused_moe`` stands for; each tree is a separate file under ``_shapes/`` so that
-its text classifies as that tree would (``sglang_amd_moe.runtime.aiter_forms``):
+its text classifies as that tree would (``sglang_amd_moe.runtime.aiter.forms``):
 
 ``count-dropped`` (default)
     aiter main as read in Aug 2026 (``aiter/fused_moe.py`` with ``output_aux`` and

@@ -55,7 +55,7 @@ def indent(block: str, by: str = "    ") -> str:
 class Expect:
     """What must happen for one variant."""
 
-    #: ``sglang_forms.analyze_source`` of the rewritten topk.py.
+    #: ``ledger.read(...).form`` of the rewritten topk.py (the ledger's answer).
     classifier: str
     #: The probe's behaviour verdict on the function that runs (None: the probe cannot
     #: run it).

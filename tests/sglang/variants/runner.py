@@ -40,7 +40,7 @@ EXTRA_MODULES = (f"sglang.srt.layers.moe.{IMPL}",)
 
 def reset() -> None:
     """A process state as before the first ``load_plugins()``, topk not imported."""
-    from sglang_amd_moe.runtime import sglang_hook
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 
     sglang_hook.uninstall()
     for name in (TOPK, *EXTRA_MODULES):
@@ -79,14 +79,14 @@ def threads_register(result: dict) -> None:
 
 def our_layers(fn: Any) -> int:
     """How many of this package's wrappers are in ``fn``'s chain."""
-    from sglang_amd_moe.runtime import sglang_hook
-    from sglang_amd_moe.runtime.hookstate import MARK
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
+    from sglang_amd_moe.runtime.target import MARK, closes_over
 
     n = 0
     for _ in range(32):
         if fn is None:
             break
-        if getattr(fn, MARK, None) is not None or sglang_hook._holds(fn, sglang_hook._around):
+        if getattr(fn, MARK, None) is not None or closes_over(fn, sglang_hook._around):
             n += 1
         fn = getattr(fn, "__wrapped__", None)
     return n
@@ -147,8 +147,9 @@ def drive(batch: driver.Batch, eplb: driver.Eplb) -> dict:
 def run_variant(
     v: Variant, base_text: str, moe_dir: Path, logs: driver.Collect, written: set[str]
 ) -> dict:
-    from sglang_amd_moe.runtime import sglang_hook, sglang_probe
-    from sglang_amd_moe.runtime.sglang_forms import analyze_source
+    from sglang_amd_moe.runtime.sglang import hook as sglang_hook
+    from sglang_amd_moe.runtime.sglang import ledger
+    from sglang_amd_moe.runtime.sglang import probe as sglang_probe
 
     t0 = time.perf_counter()
     out: dict[str, Any] = {"name": v.name, "base": v.base, "timings": {}}
@@ -165,8 +166,8 @@ def run_variant(
             written.add(name)
         (moe_dir / name).write_text(text)
     reset()
-    report = analyze_source(files["topk.py"])
-    out["classifier"] = {"form": report.form, "reason": report.reason, "binding": report.binding}
+    reading = ledger.read(files["topk.py"])
+    out["classifier"] = {"form": reading.form, "reason": reading.why, "binding": reading.binding}
     first_log = len(logs.records)
     t = time.perf_counter()
     if v.load == "threads":
@@ -182,7 +183,7 @@ def run_variant(
     out["plan"] = detail.get("plan")
     out["plugin_probe"] = (detail.get("probe") or {}).get("behaviour")
     out["plugin_probe_s"] = (detail.get("probe") or {}).get("seconds")
-    out["plugin_classifier"] = (detail.get("classifier") or {}).get("form")
+    out["plugin_classifier"] = (detail.get("file") or {}).get("form")
     out["summary_lines"] = [
         r
         for r in logs.records[first_log:]
@@ -198,8 +199,7 @@ def run_variant(
     upstream = inspect.unwrap(live)
     emulate_hip(tk, live, v.hip_flags)
     out["our_layers"] = our_layers(live)
-    preds = (report.remap_predicate,) if report.remap_predicate else ()
-    observed = sglang_probe.probe(upstream, hip_flags=v.hip_flags, predicates=preds)
+    observed = sglang_probe.probe(upstream, hip_flags=v.hip_flags, predicates=reading.predicates)
     out["probe"] = {
         "behaviour": observed.behaviour,
         "findings": list(observed.findings),
@@ -229,10 +229,10 @@ def patch_checks(base_text: str, moe_dir: Path) -> list[dict]:
     and the same patch with its added lines naming a parameter the function does not
     have (it still applies; every HIP call would raise NameError)."""
     from sglang_amd_moe.diagnostics import patching
-    from sglang_amd_moe.runtime import sglang_probe
-    from sglang_amd_moe.runtime.sglang_forms import analyze_source
+    from sglang_amd_moe.runtime.sglang import ledger
+    from sglang_amd_moe.runtime.sglang import probe as sglang_probe
 
-    form = analyze_source(base_text).form
+    form = ledger.read(base_text).form
     name = patching.patch_for("sglang", form)
     if name is None:
         return []
@@ -257,7 +257,7 @@ def patch_checks(base_text: str, moe_dir: Path) -> list[dict]:
             {
                 "patch": name,
                 "case": label,
-                "classifier": analyze_source(text).form,
+                "classifier": ledger.read(text).form,
                 "ran": result.ran,
                 "correct": result.correct,
                 "findings": list(result.findings[:3]),

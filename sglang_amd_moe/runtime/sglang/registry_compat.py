@@ -1,26 +1,14 @@
 """The one place that reads SGLang's ``HookRegistry`` beyond its public calls.
 
 SGLang's plugin framework (``sglang.srt.plugins``, 0.5.11 and later) documents
-``HookRegistry.register(target, hook, hook_type)`` and ``HookRegistry.apply_hooks()``.
-The SGLang hook also needs to know three things those calls do not say:
-
-* whether its hook is already registered for a target (so a second ``register()`` in
-  the same process does not register it twice): ``HookRegistry._hooks``, a
-  ``dict[target, list[(HookType, hook, HookSource | None)]]``;
-* whether a target was already patched (the registry then skips every hook registered
-  for it later, so ours must be wrapped on top by hand): ``HookRegistry._patched``, a
-  ``set[target]``;
-* whether it runs inside ``load_plugins()`` (which applies every registered hook right
-  after the plugins ran; outside it, nobody will): the module-level context variable
-  ``hook_registry._current_plugin_source``, set while a plugin's callable runs.
-
-These were read from ``sglang/srt/plugins/hook_registry.py`` and ``__init__.py`` of the
-SGLang 0.5.11, 0.5.12.post1, 0.5.13, 0.5.13.post1, 0.5.14 and 0.5.23 wheels (the
-registry file is the same in 0.5.11-0.5.14; 0.5.23 differs only in formatting). Newer
-SGLang adds a public ``HookRegistry.is_hook_applied(target, hook, hook_type=None)``
-(true once the hook was applied); where it exists it is used instead of the private
-fields. Every accessor here tolerates a registry without these fields (answering
-"unknown" as the safe value) and never imports SGLang unless asked to.
+``HookRegistry.register(target, hook, hook_type)`` and ``apply_hooks()``. The hook also
+needs: whether its hook is registered (``HookRegistry._hooks``: target -> list of
+``(HookType, hook, source)``), whether a target was patched already (``_patched``: the
+registry then skips later hooks), and whether it runs inside ``load_plugins()`` (the
+context variable ``hook_registry._current_plugin_source``). Read from the 0.5.11,
+0.5.12.post1, 0.5.13, 0.5.13.post1, 0.5.14 and 0.5.23 wheels; newer SGLang's public
+``HookRegistry.is_hook_applied`` is used where it exists. Every accessor tolerates a
+registry without these fields and imports SGLang only when asked to.
 """
 
 from __future__ import annotations
@@ -30,8 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"
-#: The releases the private fields were read from.
-READ_FROM = ("0.5.11", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.23")
 
 
 def loaded() -> Any | None:

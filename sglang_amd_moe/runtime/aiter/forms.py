@@ -1,37 +1,19 @@
 """Classify aiter's MXFP4 aux sort path by the shape of ``aiter/fused_moe.py``.
 
-aiter's a4w4 (MXFP4) "inline-sort" MoE path sorts with the fused aux kernel
-``aiter.mxfp4_moe_sort`` through ``_moe_sorting_impl`` -> ``_adaptive_moe_sort``. Whether
-that path honours ``num_local_tokens`` (the real row count of a padded CUDA-graph batch;
-the output contract is in ``sglang_amd_moe.kernels.mxfp4_moe_sort``) differs between
-aiter trees, and aiter cannot even be imported without ROCm, so the plugin and the
-audit decide from the source text (its AST), never from a version string. The form
-names are a public interface (the audit prints them):
+aiter's a4w4 (MXFP4) inline-sort MoE path sorts with ``aiter.mxfp4_moe_sort`` through
+``_moe_sorting_impl`` -> ``_adaptive_moe_sort``. Whether it honours ``num_local_tokens``
+differs between aiter trees, and aiter cannot be imported without ROCm, so the plugin and
+the audit decide from the source's AST (never a version string). The forms (public names):
 
-``count-dropped``
-    ``_moe_sorting_impl`` sends ``output_aux`` calls (sort backend not excluded by
-    ``AITER_MOE_SORT_BACKEND``) to ``_adaptive_moe_sort`` without the count, so padded
-    rows' ids are sorted as experts (aiter main since commit b2dd7703df, Jul 2026). aiter
-    main also drops the count one level up: ``_fused_moe_impl`` (the plain function the
-    torch custom op ``fused_moe_`` calls) runs ``moe_sorting(..., output_aux=True)``
-    without it (``FormReport.count_dropping_callers``); a tree whose sort honours the
-    count but whose callers still drop it is ``count-dropped`` too.
-``count-rejected``
-    ``_mxfp4_inline_sort_unsupported`` exists and rejects calls because they carry
-    ``num_local_tokens``, so tuned inline-sort configs are discarded whenever a caller
-    passes a count (the aiter tree that aiter PR 7083 was written against).
-``count-honored``
-    the adaptive path passes the count on to ``mxfp4_moe_sort`` (aiter PR 7083's fix).
-``absent``
-    no MXFP4 aux sort in this aiter (older releases: no ``mxfp4_moe_sort`` referenced).
-``unknown``
-    anything else, including a recognised path whose details the hook does not know how
-    to wrap exactly: the plugin leaves it alone and warns.
+``count-dropped``: the adaptive branch, or a caller above it (aiter main's
+``_fused_moe_impl``, ``FormReport.count_dropping_callers``), drops the count.
+``count-rejected``: ``_mxfp4_inline_sort_unsupported`` rejects calls for carrying a
+count (the tree aiter PR 7083 was written against). ``count-honored``: the count is
+threaded to the sort (PR 7083's fix). ``absent``: no MXFP4 aux sort. ``unknown``:
+anything else, including a recognised path the hook cannot wrap exactly.
 
-Besides the form, :func:`analyze_source` reports what the hook needs to wrap exactly
-(which backends the adaptive branch excludes, which callers drop the count before it
-reaches the sort, the parameter lists it relies on). Only the standard library is used:
-the audit runs this on a file's text without importing aiter or torch.
+Besides the form, :func:`analyze_source` reports what the hook needs to wrap exactly.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -39,8 +21,6 @@ from __future__ import annotations
 import ast
 import hashlib
 from dataclasses import dataclass, field
-
-from sglang_amd_moe.runtime.astutil import call_name, param_names
 
 FORMS: tuple[str, ...] = ("count-dropped", "count-rejected", "count-honored", "absent", "unknown")
 
@@ -68,25 +48,13 @@ PUBLIC_SORT = "moe_sorting"
 OUR_ADAPTIVE = "adaptive_moe_sort"
 
 #: Parameters of ``_moe_sorting_impl`` the hook reads by name (the rest pass through).
-IMPL_PARAMS_READ: tuple[str, ...] = (
-    "topk_ids",
-    "topk_weights",
-    "num_experts",
-    "model_dim",
-    "moebuf_dtype",
-    "block_size",
-    "num_local_tokens",
-    "accumulate",
-    "output_aux",
+IMPL_PARAMS_READ: tuple[str, ...] = tuple(
+    "topk_ids topk_weights num_experts model_dim moebuf_dtype block_size num_local_tokens "
+    "accumulate output_aux".split()
 )
 #: ``_adaptive_moe_sort``'s signature as the hook replaces it: positional, then keyword-only.
-ADAPTIVE_POSITIONAL: tuple[str, ...] = (
-    "topk_ids",
-    "topk_weights",
-    "num_experts",
-    "topk",
-    "block_size",
-    "model_dim",
+ADAPTIVE_POSITIONAL: tuple[str, ...] = tuple(
+    "topk_ids topk_weights num_experts topk block_size model_dim".split()
 )
 ADAPTIVE_KWONLY: tuple[str, ...] = ("atomic", "emit_aux", "moebuf_dtype")
 # How _moe_sorting_impl calls _adaptive_moe_sort in the known trees: the positional
@@ -239,6 +207,18 @@ def analyze_source(source: str) -> FormReport:
 # --- helpers -------------------------------------------------------------------------
 
 
+def call_name(call: ast.Call) -> str:
+    """The called name: ``f`` for ``f(...)`` and ``m.f(...)``, "" otherwise."""
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+def param_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
+    """Parameter names in order: positional-only, positional-or-keyword, keyword-only."""
+    a = func.args
+    return tuple(x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs])
+
+
 def _passes(call: ast.Call, name: str, index: int | None = None) -> bool:
     """Does ``call`` pass the variable ``name`` (by keyword, or positionally at ``index``)?"""
     if any(kw.arg == name for kw in call.keywords):
@@ -273,37 +253,13 @@ def _adaptive_passes_count(func: ast.FunctionDef) -> bool:
     return False
 
 
-_PURE_NODES = (
-    ast.Expression,
-    ast.BoolOp,
-    ast.And,
-    ast.Or,
-    ast.UnaryOp,
-    ast.Not,
-    ast.USub,
-    ast.BinOp,
-    ast.Add,
-    ast.Sub,
-    ast.Mult,
-    ast.FloorDiv,
-    ast.Mod,
-    ast.Compare,
-    ast.Eq,
-    ast.NotEq,
-    ast.Lt,
-    ast.LtE,
-    ast.Gt,
-    ast.GtE,
-    ast.In,
-    ast.NotIn,
-    ast.Is,
-    ast.IsNot,
-    ast.Name,
-    ast.Load,
-    ast.Constant,
-    ast.Tuple,
-    ast.List,
-    ast.Set,
+# Names, constants, arithmetic, comparisons and boolean logic: nothing that calls code.
+_PURE_NODES = tuple(
+    getattr(ast, n)
+    for n in (
+        "Expression BoolOp And Or UnaryOp Not USub BinOp Add Sub Mult FloorDiv Mod Compare "
+        "Eq NotEq Lt LtE Gt GtE In NotIn Is IsNot Name Load Constant Tuple List Set"
+    ).split()
 )
 
 

@@ -1,0 +1,1 @@
+"""The aiter target: the MXFP4 aux sort path of ``aiter.fused_moe``."""

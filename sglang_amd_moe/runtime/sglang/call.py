@@ -1,0 +1,249 @@
+"""The hooked call: what the wrapper does around upstream's ``_post_process_topk_ids``
+on each HIP call, as its plan says (shared by the live wrapper and the probe's check of
+the plan)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_amd_moe.runtime.sglang.names import (
+    ACTIONS,
+    COUNT,
+    HIP_FLAG,
+    INFO,
+    REMAP,
+    REMAP_PREDICATES,
+    TOPK_MODULE,
+)
+from sglang_amd_moe.runtime.sglang.probe import ProbeEnv
+
+logger = logging.getLogger("sglang_amd_moe")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the hook does around each HIP call (decided once, at install)."""
+
+    #: Fill padded ids with 0 and zero their weights before upstream.
+    pre_mask: bool
+    #: Who remaps logical to physical ids: "upstream", "add" (the hook, before upstream,
+    #: which keeps the dispatch info) or "own" (the hook; upstream gets no dispatch info).
+    remap: str
+    #: Re-mask after upstream when it returned new tensors (a shared-expert append).
+    tail_mask: bool
+    #: Re-mask after upstream on every call (upstream writes bad padded ids itself).
+    post_mask: bool = False
+    #: ``SGLANG_AMD_MOE_VERIFY=1``: check padded rows after every call (raises).
+    verify: bool = False
+
+    def describe(self, form: str) -> str:
+        """The action, in the words the audit and the log line use."""
+        if not self.pre_mask and self.remap == "upstream":
+            return "not hooked for masking: upstream already masks padded ids on HIP"
+        if STANDARD_PLANS.get(form) == dataclasses.replace(self, verify=False):
+            return ACTIONS[form]
+        remap = {
+            "upstream": "upstream keeps its remap",
+            "add": "gated EPLB remap added before upstream",
+            "own": "the EPLB remap owned by the hook (upstream gets no dispatch info)",
+        }[self.remap]
+        if self.post_mask:
+            tail = ", mask padded rows again after upstream"
+        else:
+            tail = ", re-zero after a shared-expert append" if self.tail_mask else ""
+        return (
+            f"hooked (mask padded ids to 0 and zero their weights before upstream, {remap}{tail})"
+        )
+
+
+#: The plan of each broken released form (what the ledger records for its bodies).
+STANDARD_PLANS: dict[str, Plan] = {
+    "no-hip-handling": Plan(True, "add", True),
+    "weights-only": Plan(True, "add", False),
+    "mask-under-eplb-guard": Plan(True, "upstream", False),
+}
+
+
+# --- the call --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the wrapper reads on every call (one object, swapped atomically)."""
+
+    plan: Plan
+    module: types.ModuleType
+    positions: dict[str, int]
+    defaults: dict[str, Any]
+    mask: Callable[..., None]
+    hip_flags: tuple[str, ...]
+    predicates: tuple[str, ...]
+    #: ``(what, text)``: a failure inside a hooked call (the hook logs it once).
+    on_failure: Callable[[str, str], None]
+
+
+def make_call(plan, mod, live, mask, hip_flags, predicates, on_failure) -> Call:
+    positions, defaults = {}, {}
+    for i, (name, p) in enumerate(inspect.signature(live).parameters.items()):
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            positions[name] = i
+        if p.default is not p.empty:
+            defaults[name] = p.default
+    flags = tuple(hip_flags) or (HIP_FLAG,)
+    return Call(plan, mod, positions, defaults, mask, flags, tuple(predicates), on_failure)
+
+
+def remap_enabled(mod: types.ModuleType | None = None, predicates: tuple[str, ...] = ()) -> bool:
+    """Does a real logical-to-physical expert map exist (EPLB, a non-trivial initial
+    placement or redundant experts)? Upstream's own predicate where the module has one,
+    else the server args read the same way; outside a server False."""
+    mod = mod if mod is not None else sys.modules.get(TOPK_MODULE)
+    for name in (*predicates, *REMAP_PREDICATES):
+        fn = getattr(mod, name, None)
+        if callable(fn):
+            return bool(fn())
+    try:
+        from sglang.srt.server_args import get_global_server_args
+    except ImportError:
+        return False
+    try:
+        args = get_global_server_args()
+    except ValueError:  # not set: not inside a server
+        return False
+    except RuntimeError:  # retired accessor (newer SGLang): read the published bag
+        try:
+            from sglang.srt.runtime_context import get_exec
+
+            args = get_exec().moe
+        except Exception:
+            return False
+    if args is None:
+        return False
+    return bool(
+        getattr(args, "enable_eplb", False)
+        or getattr(args, "init_expert_location", "trivial") != "trivial"
+        or (getattr(args, "ep_num_redundant_experts", 0) or 0) > 0
+    )
+
+
+class LiveEnv:
+    """The process's own platform, predicate and remap, read at call time."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+
+    def is_hip(self) -> bool:
+        mod = self._call.module
+        flags = [getattr(mod, name) for name in self._call.hip_flags if hasattr(mod, name)]
+        return any(flags) if flags else True  # no flag at all: the plugin only hooks on ROCm
+
+    def remap_enabled(self) -> bool:
+        return remap_enabled(self._call.module, self._call.predicates)
+
+    def remap(self, ids: Any, info: Any) -> Any:
+        return getattr(self._call.module, REMAP)(ids, info)
+
+
+def wrap_for_probe(call: Call) -> Callable[[Callable[..., Any], ProbeEnv], Callable[..., Any]]:
+    """How the probe runs the hooked call: this plan around the probe's upstream."""
+
+    def wrap(upstream: Callable[..., Any], env: ProbeEnv) -> Callable[..., Any]:
+        return lambda *args, **kwargs: run(call, env, upstream, args, kwargs)
+
+    return wrap
+
+
+def _get(call: Call, name: str, args: tuple, kwargs: dict) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    i = call.positions.get(name)
+    if i is not None and i < len(args):
+        return args[i]
+    return call.defaults.get(name)
+
+
+def _set(call: Call, name: str, value: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    i = call.positions.get(name)
+    if name not in kwargs and i is not None and i < len(args):
+        args = (*args[:i], value, *args[i + 1 :])
+    else:
+        kwargs = {**kwargs, name: value}
+    return args, kwargs
+
+
+def run(call: Call, env: Any, original_fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """One hooked call: the plan around ``original_fn`` (the wrapper's and the probe's)."""
+    plan = call.plan
+    if not env.is_hip():
+        return original_fn(*args, **kwargs)
+    n = _get(call, COUNT, args, kwargs)
+    ids = _get(call, "topk_ids", args, kwargs)
+    weights = _get(call, "topk_weights", args, kwargs)
+    call_args, call_kwargs = args, kwargs
+    try:
+        if plan.pre_mask and n is not None:
+            call.mask(ids, weights, n, fill_value=0)
+        if plan.remap in ("add", "own"):
+            info = _get(call, INFO, args, kwargs)
+            if plan.remap == "own":
+                call_args, call_kwargs = _set(call, INFO, None, call_args, call_kwargs)
+            if info is not None and env.remap_enabled():
+                ids = env.remap(ids, info)
+                call_args, call_kwargs = _set(call, "topk_ids", ids, call_args, call_kwargs)
+    except Exception:
+        call.on_failure("guard", "padded-row guard failed; calling upstream unchanged")
+        call_args, call_kwargs = args, kwargs
+    out = original_fn(*call_args, **call_kwargs)
+    if n is not None and (plan.post_mask or plan.tail_mask):
+        try:
+            out_ids, out_weights = out[0], out[1]
+            # post_mask: on every call. tail_mask: when upstream built new tensors after
+            # our pre-mask (a shared-expert append, or a remap).
+            if plan.post_mask or out_weights is not weights or out_ids.shape != ids.shape:
+                call.mask(out_ids, out_weights, n, fill_value=0)
+        except Exception:
+            call.on_failure(
+                "tail", "padded-row mask after upstream failed; returning upstream's result"
+            )
+    if plan.verify and n is not None:
+        _verify(call, out, n, args, kwargs)  # raises by design: a debugging aid
+    return out
+
+
+def _verify(call: Call, out: Any, n: Any, args: tuple, kwargs: dict) -> None:
+    """``SGLANG_AMD_MOE_VERIFY=1``: padded rows must have ids in range and zero weights."""
+    out_ids, out_weights = out[0], out[1]
+    count = int(n.reshape(-1)[0].item()) if hasattr(n, "reshape") else int(n)
+    pad_ids, pad_w = out_ids[count:], out_weights[count:]
+    if pad_ids.numel() == 0:
+        return
+    logits = _get(call, "router_logits", args, kwargs)
+    info = _get(call, INFO, args, kwargs)
+    cfg = _get(call, "topk_config", args, kwargs)
+    layer = _get(call, "layer_id", args, kwargs)
+    num = int(logits.shape[-1]) if logits is not None else 0
+    if info is not None:
+        num = max(num, int(getattr(info, "num_physical_experts", 0) or 0))
+    shared = 0
+    for name in ("num_fused_shared_experts", "num_shared_topk_slots"):
+        shared = max(shared, int(getattr(cfg, name, 0) or 0))
+    bound: int | None = num + shared
+    if bound == 0:  # no router logits and no dispatch info: nothing to check ids against
+        logger.debug("sglang-amd-moe VERIFY: no expert count known for layer %s", layer)
+        bound = None
+    lo, hi = int(pad_ids.min().item()), int(pad_ids.max().item())
+    nonzero = int((pad_w != 0).sum().item())
+    if lo < 0 or (bound is not None and hi >= bound) or nonzero:
+        raise RuntimeError(
+            f"sglang-amd-moe VERIFY: layer {layer}: padded rows {count}..{out_ids.shape[0] - 1} "
+            f"have ids in [{lo}, {hi}] (allowed [0, {bound})) and {nonzero} nonzero weights"
+        )

@@ -1,0 +1,631 @@
+"""Run ``_post_process_topk_ids`` on a tiny CPU batch the way a HIP process runs it.
+
+A plugin that makes a correct SGLang wrong is worse than none, so before it hooks, the
+plugin observes what the installed function does with padded rows and hooks only what it
+sees wrong; then it checks that the hooked call comes out right.
+
+The function (and every module-level function of its module) is re-created over a *copy*
+of its module's globals in which the platform says HIP (``_is_hip`` and the module's HIP
+flags true, the other platforms false; every other flag, e.g. ``_is_gfx95``, as the
+process has it), the EPLB predicate answers the scenario (and counts its reads), the
+remap is a recording stand-in that rotates experts (so a second remap shows), recorders
+are silent, the MoE backend is not DeepEP, and the fused shared-expert append is a torch
+copy of upstream's kernel.
+Nothing in the module, ``sys.modules`` or another thread's view changes; the batch lives
+on the CPU. Scenarios, as a server produces them: EPLB off without dispatch info (the
+default server), EPLB off with one, EPLB on, and a fused shared expert appended (aiter)
+with EPLB off. Never raises.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import importlib.util
+import inspect
+import linecache
+import time
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_amd_moe.runtime.sglang import names
+
+# The batch: 8 rows of which 5 are real, top-4 of 16 experts. Padded rows hold what a
+# router can leave there: out of range both ways and -1, with NaN weights.
+ROWS, REAL, TOPK, EXPERTS = 8, 5, 4, 16
+PAD_IDS = ((9999, -1, 16, 123456), (-1, -1, -1, -1), (16, 17, 9999, -5))
+SHIFT = 5  # the probe's placement: logical e lives at physical (e + SHIFT) % EXPERTS
+SHARED_SCALE = 2.5  # the appended shared expert's weight
+
+#: (name, EPLB on, dispatch info passed, a fused shared expert appended)
+SCENARIOS = (
+    ("eplb-off", False, False, False),
+    ("eplb-off+info", False, True, False),
+    ("eplb-on", True, True, False),
+    ("shared-expert", False, False, True),
+)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One scenario's run and what it showed."""
+
+    scenario: str
+    #: The output is what a correct release returns.
+    ok: bool
+    #: What was wrong, in words (empty when ``ok``).
+    findings: tuple[str, ...] = ()
+    #: ``"Type: message"`` when the call raised.
+    raised: str = ""
+    #: Padded rows' routed ids are exactly the garbage they came in with.
+    pad_ids_untouched: bool = False
+    #: Padded rows' ids are all in range (the shared expert's id included).
+    pad_ids_in_range: bool = False
+    #: Padded rows' weights are all 0.
+    pad_weights_zero: bool = False
+    #: Real rows' routed ids: ``as-given``, ``remapped-once``, ``remapped-twice``, ``other``.
+    real_ids: str = ""
+    #: Real rows' routed weights are bit-identical to the input.
+    real_weights_same: bool = False
+    #: Calls of the remap with the probe's dispatch info.
+    remaps: int = 0
+    #: One of those calls was handed padded ids out of range.
+    remap_read_garbage: bool = False
+    #: Reads of the EPLB predicate (or of the server's EPLB settings).
+    predicate_reads: int = 0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What the probe saw. ``ran`` False: it could not run (``why``), decide otherwise."""
+
+    ran: bool
+    why: str = ""
+    #: Every scenario that ran without raising came out as a correct release's, the
+    #: three EPLB scenarios at least.
+    correct: bool = False
+    #: The behaviour, named like the forms it matches (``fixed``, ``no-hip-handling``,
+    #: ``weights-only``, ``mask-under-eplb-guard``) or ``unknown``; "" when not run.
+    behaviour: str = ""
+    findings: tuple[str, ...] = ()
+    observations: tuple[Observation, ...] = ()
+    #: Upstream called the remap with the probe's dispatch info in some scenario.
+    upstream_remaps: bool = False
+    #: Some code read the EPLB predicate (so the EPLB-on scenario really was one).
+    eplb_steered: bool = False
+    #: CUDA got initialised while the probe ran (the code run touched the GPU).
+    touched_cuda: bool = False
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        """One line for logs and the audit."""
+        if not self.ran:
+            return f"probe not run: {self.why}"
+        if self.correct:
+            return f"probe: right ({self.seconds * 1e3:.0f} ms)"
+        return f"probe: {self.behaviour} ({'; '.join(self.findings[:3])})"
+
+    def scenario(self, name: str) -> Observation | None:
+        return next((o for o in self.observations if o.scenario == name), None)
+
+    @property
+    def usable(self) -> bool:
+        """It ran and no EPLB scenario raised (a raise on this CPU says nothing of HIP)."""
+        return self.ran and not any(
+            o.raised for o in self.observations if o.scenario != "shared-expert"
+        )
+
+    @property
+    def refills_after_append(self) -> bool | None:
+        """Padded weights come out 0 after a shared-expert append (None: not seen)."""
+        o = self.scenario("shared-expert")
+        return None if o is None or o.raised else o.pad_weights_zero
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------- stand-ins
+
+
+class _Record:
+    """Counters one scenario's stand-ins write to."""
+
+    def __init__(self, eplb: bool) -> None:
+        self.eplb = eplb
+        self.remaps = 0
+        self.remap_read_garbage = False
+        self.predicate_reads = 0
+
+
+class DispatchInfo:
+    """The probe's expert-location dispatch info: a static placement rotating experts
+    by ``SHIFT`` (the fields of upstream's ``ExpertLocationDispatchInfo``)."""
+
+    def __init__(self, torch: Any) -> None:
+        perm = (torch.arange(EXPERTS, dtype=torch.int32) + SHIFT) % EXPERTS
+        self.ep_dispatch_algorithm = "static"
+        self.partial_logical_to_rank_dispatch_physical_map = perm
+        self.partial_logical_to_all_physical_map = perm[:, None].clone()
+        self.partial_logical_to_all_physical_map_num_valid = torch.ones(EXPERTS, dtype=torch.int64)
+        self.num_physical_experts = EXPERTS
+        self.rank_invariant = True
+
+
+class _EplbArgs:
+    """Server arguments as the predicate reads them: the EPLB settings answer the
+    scenario (and count), ``.moe`` is itself, anything else comes from the real ones."""
+
+    def __init__(self, record: _Record, real: Callable[[], Any] | None) -> None:
+        self._record, self._real = record, real
+
+    def __getattr__(self, name: str) -> Any:
+        if name in names.EPLB_SETTINGS:
+            self._record.predicate_reads += 1
+            if name == "enable_eplb":
+                return self._record.eplb
+            return "trivial" if name == "init_expert_location" else 0
+        if name == "moe":
+            return self
+        if self._real is None:
+            raise AttributeError(name)
+        return getattr(self._real(), name)
+
+
+class _Silent:
+    """A recorder or capturer that records nothing."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *a, **k: None
+
+
+class _ModuleView:
+    """A module as an import inside the probed code sees it: some names overridden."""
+
+    def __init__(self, module: Any, overrides: Mapping[str, Any]) -> None:
+        self._module, self._overrides = module, overrides
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._overrides:
+            return self._overrides[name]
+        return getattr(self._module, name)
+
+
+def fused_append_shared_experts(
+    topk_ids,
+    topk_weights,
+    num_fused_shared_experts,
+    scale_factor,
+    N=None,
+    num_token_non_padded=None,
+):
+    """Upstream's Triton append (``fused_moe_triton_kernels``), in torch: shared expert
+    ``N + s`` with weight ``scale_factor`` after every row's routed ones; with a count,
+    padded rows get routed ids 0 and every weight 0."""
+    import torch
+
+    m, s = topk_ids.shape[0], int(num_fused_shared_experts)
+    if s <= 0:
+        return topk_ids, topk_weights
+    shared_ids = (N + torch.arange(s, dtype=topk_ids.dtype)).expand(m, s)
+    ids = torch.cat([topk_ids, shared_ids], dim=1)
+    weights = torch.cat([topk_weights, torch.full((m, s), float(scale_factor))], dim=1)
+    if num_token_non_padded is not None:
+        pad = torch.arange(m) >= num_token_non_padded.reshape(-1)[0]
+        ids[pad, : topk_ids.shape[1]] = 0
+        weights[pad] = 0.0
+    return ids, weights
+
+
+@dataclass
+class ProbeEnv:
+    """What a hook composed with the probed function uses in place of the process's
+    own: the platform, the EPLB predicate and the remap of this scenario."""
+
+    is_hip: Callable[[], bool]
+    remap_enabled: Callable[[], bool]
+    remap: Callable[..., Any]
+
+
+def _standins(
+    torch: Any, record: _Record, info: DispatchInfo, namespace: Mapping[str, Any]
+) -> dict[str, Any]:
+    perm = info.partial_logical_to_rank_dispatch_physical_map.to(torch.long)
+
+    def remap(topk_ids: Any, dispatch_info: Any = None, *rest: Any, **kw: Any) -> Any:
+        if dispatch_info is None:
+            return topk_ids  # what upstream's remap does without dispatch info
+        if dispatch_info is not info:
+            raise RuntimeError("the probe's remap got a dispatch info it did not make")
+        record.remaps += 1
+        as_long = topk_ids.to(torch.long)
+        if bool(((as_long < 0) | (as_long >= EXPERTS)).any()):
+            record.remap_read_garbage = True
+        return perm[as_long.clamp(0, EXPERTS - 1)].to(topk_ids.dtype)
+
+    def predicate() -> bool:
+        record.predicate_reads += 1
+        return record.eplb
+
+    out: dict[str, Any] = {names.REMAP: remap}
+    for name in names.REMAP_PREDICATES:
+        out[name] = predicate
+    for name in names.ARGS_ACCESSORS:
+        real = namespace.get(name)
+        out[name] = lambda real=real: _EplbArgs(record, real if callable(real) else None)
+    for name in names.SILENT:
+        out[name] = lambda *a, **k: _Silent()
+    out[names.CAPTURE] = lambda *a, **k: None
+    for name in names.NOT_DEEPEP:
+        out[name] = lambda *a, **k: False
+    return out
+
+
+def _hip_namespace(
+    namespace: Mapping[str, Any],
+    standins: Mapping[str, Any],
+    hip_flags: Iterable[str],
+    predicates: Iterable[str],
+    shared: bool,
+) -> dict[str, Any]:
+    """A copy of ``namespace`` that says HIP, with the stand-ins, and with its own
+    copies of the module's functions bound to it."""
+    g = dict(namespace)
+    for name in (names.HIP_FLAG, *hip_flags):
+        g[name] = True
+    for name in names.NOT_HIP_FLAGS:
+        if name in g:
+            g[name] = False
+    for name in names.HIP_CALLS:
+        g[name] = lambda *a, **k: True
+    for name in names.NOT_HIP_CALLS:
+        g[name] = lambda *a, **k: False
+    if shared:
+        g[names.USE_AITER] = True  # aiter's fused shared-expert append
+    g.update(standins)
+    pred = standins[names.REMAP_PREDICATES[0]]
+    for name in predicates:
+        g[name] = pred
+    overrides = {n: standins[n] for n in names.ARGS_ACCESSORS}
+    real_import = builtins.__import__
+    package = namespace.get("__package__") or ""
+
+    def probe_import(
+        name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+    ) -> Any:
+        if fromlist and "fused_append_shared_experts" in fromlist:
+            return types.SimpleNamespace(fused_append_shared_experts=fused_append_shared_experts)
+        module = real_import(name, globals, locals, fromlist, level)
+        if fromlist:
+            try:
+                full = importlib.util.resolve_name("." * level + name, package) if level else name
+            except (ImportError, ValueError):
+                full = name
+            if full in names.ARGS_MODULES:
+                return _ModuleView(module, overrides)
+        return module
+
+    base = namespace.get("__builtins__", builtins.__dict__)
+    g["__builtins__"] = {
+        **(base if isinstance(base, dict) else vars(base)),
+        "__import__": probe_import,
+    }
+    for name, value in list(g.items()):
+        if (
+            isinstance(value, types.FunctionType)
+            and value.__globals__ is namespace
+            and name not in standins
+            and name not in predicates
+        ):
+            g[name] = rebind(value, g)
+    return g
+
+
+def rebind(fn: types.FunctionType, g: dict[str, Any]) -> types.FunctionType:
+    """A copy of ``fn`` whose globals are ``g`` (same code, defaults and closure)."""
+    new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = dict(fn.__kwdefaults__) if fn.__kwdefaults__ else None
+    new.__qualname__ = fn.__qualname__
+    new.__module__ = fn.__module__
+    new.__dict__.update(fn.__dict__)
+    return new
+
+
+# --------------------------------------------------------------------------- probe
+
+
+Wrap = Callable[[Callable[..., Any], ProbeEnv], Callable[..., Any]]
+
+
+def probe(
+    fn: Callable[..., Any],
+    namespace: Mapping[str, Any] | None = None,
+    *,
+    hip_flags: Iterable[str] = (),
+    predicates: Iterable[str] = (),
+    wrap: Wrap | None = None,
+) -> ProbeResult:
+    """Run ``fn`` (upstream's function, unwrapped) as a HIP process would in every
+    scenario and compare with a correct release.
+
+    ``namespace``: the globals to copy (default ``fn.__globals__``). ``hip_flags``:
+    module names besides ``_is_hip`` that mean HIP; ``predicates``: module functions that
+    are the EPLB predicate (both from ``ledger.read``). ``wrap(upstream, env)``: what to
+    run instead of upstream, composed with it (how a hook checks its plan). Never raises.
+    """
+    t0 = time.perf_counter()
+    try:
+        return _probe(fn, namespace, tuple(hip_flags), tuple(predicates), wrap, t0)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a probe must never take its caller down
+        return ProbeResult(
+            False, f"probe failed: {type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0
+        )
+
+
+def _probe(fn, namespace, hip_flags, predicates, wrap, t0) -> ProbeResult:
+    import torch
+
+    if not isinstance(fn, types.FunctionType):
+        return ProbeResult(
+            False, f"{names.FUNCTION_NAME} is not a plain Python function ({type(fn).__name__})"
+        )
+    namespace = fn.__globals__ if namespace is None else namespace
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError) as exc:
+        return ProbeResult(False, f"no signature: {exc}")
+    missing = [p for p in (*names.REQUIRED_PARAMS, names.INFO) if p not in params]
+    if missing:
+        return ProbeResult(False, f"the function has no parameter {', '.join(missing)}")
+    if namespace.get("TopKConfig") is None:
+        return ProbeResult(False, "the module has no TopKConfig")
+    cuda_before = _cuda_initialized(torch)
+    info = DispatchInfo(torch)
+    observations = []
+    for scenario, eplb, with_info, shared in SCENARIOS:
+        record = _Record(eplb)
+        standins = _standins(torch, record, info, namespace)
+        g = _hip_namespace(namespace, standins, hip_flags, predicates, shared)
+        target = rebind(fn, g)
+        if wrap is not None:
+            env = ProbeEnv(lambda: True, standins[names.REMAP_PREDICATES[0]], standins[names.REMAP])
+            target = wrap(target, env)
+        run = _Run(torch, scenario, record, info if with_info else None, shared)
+        observations.append(run.call(target, params, namespace))
+    touched = not cuda_before and _cuda_initialized(torch)
+    return _judge(observations, touched, time.perf_counter() - t0)
+
+
+def _cuda_initialized(torch: Any) -> bool:
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def _config(namespace: Mapping[str, Any], shared: bool) -> Any:
+    """The module's own TopKConfig; with one fused shared expert for ``shared``."""
+    cls = namespace["TopKConfig"]
+    if not shared:
+        return cls(top_k=TOPK)
+    fields = getattr(cls, "__dataclass_fields__", {})
+    if "num_fused_shared_experts" in fields:
+        return cls(top_k=TOPK + 1, num_fused_shared_experts=1)
+    default = getattr(fields.get("shared_experts"), "default", None)
+    if default is None:
+        raise LookupError("TopKConfig has no shared-expert field this probe knows")
+    return cls(top_k=TOPK + 1, shared_experts=type(default)(num_fused_shared_experts=1))
+
+
+class _Run:
+    """One scenario: the batch, the call, and what came out."""
+
+    def __init__(self, torch, scenario, record, info, shared) -> None:
+        self.torch, self.scenario, self.record = torch, scenario, record
+        self.info, self.shared = info, shared
+        gen = torch.Generator().manual_seed(20261130)
+        self.real_ids = torch.randint(0, EXPERTS, (REAL, TOPK), generator=gen, dtype=torch.int32)
+        self.real_w = torch.rand((REAL, TOPK), generator=gen, dtype=torch.float32)
+
+    def call(self, target, params, namespace) -> Observation:
+        torch = self.torch
+        kwargs: dict[str, Any] = {
+            "topk_ids": torch.cat([self.real_ids, torch.tensor(PAD_IDS, dtype=torch.int32)]),
+            "topk_weights": torch.cat([self.real_w, torch.full((ROWS - REAL, TOPK), float("nan"))]),
+            names.COUNT: torch.tensor([REAL], dtype=torch.int32),
+            names.INFO: self.info,
+        }
+        if "topk_config" in params:
+            try:
+                kwargs["topk_config"] = _config(namespace, self.shared)
+            except Exception as exc:  # noqa: BLE001 - no shared-expert config here
+                return self._raised(exc)
+        if "router_logits" in params:
+            gen = torch.Generator().manual_seed(7)
+            kwargs["router_logits"] = torch.randn((ROWS, EXPERTS), generator=gen)
+        if "layer_id" in params:
+            kwargs["layer_id"] = 0
+        try:
+            out = target(**kwargs)
+            return self._observe(out[0], out[1])
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - what upstream raised is an observation
+            return self._raised(exc)
+
+    def _raised(self, exc: BaseException) -> Observation:
+        text = f"{type(exc).__name__}: {exc}"
+        return Observation(self.scenario, False, (f"{self.scenario}: raised {text}",), text)
+
+    def _observe(self, out_ids, out_w) -> Observation:
+        torch, scenario, record = self.torch, self.scenario, self.record
+        # With a shared expert, upstream appends its column (or leaves it to a caller).
+        widths = (TOPK, TOPK + 1) if self.shared else (TOPK,)
+        width = out_ids.shape[-1] if out_ids.ndim == 2 else -1
+        if width not in widths or tuple(out_ids.shape) != tuple(out_w.shape):
+            shapes = f"{tuple(out_ids.shape)}/{tuple(out_w.shape)}"
+            return Observation(
+                scenario,
+                False,
+                (f"{scenario}: output shapes {shapes}, not {(ROWS, width)}",),
+                remaps=record.remaps,
+                predicate_reads=record.predicate_reads,
+            )
+        ids = out_ids.to(torch.long)
+        pad = ids[REAL:]
+        pad_untouched = bool((pad[:, :TOPK] == torch.tensor(PAD_IDS)).all())
+        pad_in_range = bool(((pad >= 0) & (pad < EXPERTS + width - TOPK)).all())
+        pad_zero = bool((out_w[REAL:] == 0).all())
+        perm = DispatchInfo(torch).partial_logical_to_rank_dispatch_physical_map.to(torch.long)
+        given, real = self.real_ids.to(torch.long), ids[:REAL, :TOPK]
+        if torch.equal(real, given):
+            real_state = "as-given"
+        elif torch.equal(real, perm[given]):
+            real_state = "remapped-once"
+        elif torch.equal(real, perm[perm[given]]):
+            real_state = "remapped-twice"
+        else:
+            real_state = "other"
+        routed_w = out_w[:REAL, :TOPK].contiguous()
+        w_same = bool(torch.equal(routed_w.view(torch.int32), self.real_w.view(torch.int32)))
+        want = "remapped-once" if record.eplb else "as-given"
+        findings: list[str] = []
+        if not pad_in_range:
+            bad = sorted({int(x) for x in pad.flatten().tolist() if not 0 <= x < EXPERTS})[:3]
+            findings.append(f"{scenario}: padded ids out of range ({', '.join(map(str, bad))})")
+        if not pad_zero:
+            vals = sorted({str(float(x)) for x in out_w[REAL:].flatten().tolist() if x != 0})[:2]
+            findings.append(f"{scenario}: padded weights not zero ({', '.join(vals)})")
+        if real_state != want:
+            findings.append(
+                f"{scenario}: real rows' ids {real_state.replace('-', ' ')}, "
+                f"want {want.replace('-', ' ')}"
+            )
+        if not w_same:
+            findings.append(f"{scenario}: real rows' weights changed")
+        if record.remap_read_garbage:
+            findings.append(f"{scenario}: the remap read padded ids out of range")
+        return Observation(
+            scenario,
+            not findings,
+            tuple(findings),
+            pad_ids_untouched=pad_untouched,
+            pad_ids_in_range=pad_in_range,
+            pad_weights_zero=pad_zero,
+            real_ids=real_state,
+            real_weights_same=w_same,
+            remaps=record.remaps,
+            remap_read_garbage=record.remap_read_garbage,
+            predicate_reads=record.predicate_reads,
+        )
+
+
+def _judge(obs: list[Observation], touched: bool, seconds: float) -> ProbeResult:
+    eplb = obs[:3]  # the three EPLB scenarios; obs[3] is the shared-expert one
+    on = eplb[2]
+    counted = [o for o in obs if o in eplb or not o.raised]
+    findings = tuple(f for o in counted for f in o.findings)
+    if touched:
+        findings += ("the code run initialised CUDA",)
+    common = {
+        "observations": tuple(obs),
+        "upstream_remaps": any(o.remaps for o in obs),
+        "eplb_steered": on.predicate_reads > 0,
+        "touched_cuda": touched,
+        "seconds": seconds,
+    }
+    if any(o.raised for o in eplb):
+        return ProbeResult(True, "", False, "unknown", findings, **common)
+    if not findings:
+        return ProbeResult(True, "", True, "fixed", (), **common)
+    plain = all(
+        o.pad_ids_untouched and o.real_ids == "as-given" and o.real_weights_same for o in eplb
+    )
+    if plain and not any(o.remaps for o in eplb):
+        if all(o.pad_weights_zero for o in eplb):
+            behaviour = "weights-only"
+        elif not any(o.pad_weights_zero for o in eplb):
+            behaviour = "no-hip-handling"
+        else:
+            behaviour = "unknown"
+    elif on.ok and all(
+        o.pad_ids_untouched
+        and o.pad_weights_zero
+        and o.real_ids == "as-given"
+        and o.real_weights_same
+        for o in eplb[:2]
+    ):
+        behaviour = "mask-under-eplb-guard"
+    else:
+        behaviour = "unknown"
+    return ProbeResult(True, "", False, behaviour, findings, **common)
+
+
+# ------------------------------------------------------------------ entry points
+
+
+def probe_module(module: Any, **kw: Any) -> ProbeResult:
+    """Probe the module's ``_post_process_topk_ids`` under any wrappers. Never raises."""
+    try:
+        fn = inspect.unwrap(getattr(module, names.FUNCTION_NAME))
+    except Exception as exc:
+        why = f"no {names.FUNCTION_NAME} to probe ({type(exc).__name__}: {exc})"
+        return ProbeResult(False, why)
+    return probe(fn, **kw)
+
+
+def function_from_source(module: Any, source: str) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """``_post_process_topk_ids`` as ``source`` (a full topk.py text, e.g. one a patch
+    produced) defines it, over a copy of the live ``module``'s globals: the module-level
+    statements of ``source`` that differ from the installed file's are run in the copy
+    (the module itself is not touched). Raises on a source that does not compile or binds
+    no such function."""
+    have = {ast.dump(s) for s in ast.parse(inspect.getsource(module)).body}
+    changed = [
+        s for s in ast.parse(source).body if ast.dump(s) not in have and not isinstance(s, ast.Expr)
+    ]
+    ns = compile_over(module, changed, source)
+    fn = ns.get(names.FUNCTION_NAME)
+    if not isinstance(fn, types.FunctionType):
+        raise LookupError(f"the source binds no function {names.FUNCTION_NAME}")
+    return fn, ns
+
+
+def compile_over(module: Any, statements: list[ast.stmt], source: str) -> dict[str, Any]:
+    """A copy of ``module``'s globals in which ``statements`` (of the text ``source``,
+    registered for ``inspect``) have run; the copy's functions rebound to the copy."""
+    import __future__
+
+    filename = f"<{getattr(module, '__file__', module.__name__)} as rewritten {hash(source)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    code = compile(
+        ast.Module(body=statements, type_ignores=[]),
+        filename,
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+        dont_inherit=True,
+    )
+    ns = dict(vars(module))
+    exec(code, ns)  # noqa: S102 - the rewritten statements, in a copy of the namespace
+    for name, value in list(ns.items()):
+        if isinstance(value, types.FunctionType) and value.__globals__ is vars(module):
+            ns[name] = rebind(value, ns)
+    return ns
+
+
+def probe_source(module: Any, source: str, **kw: Any) -> ProbeResult:
+    """Probe the function a rewritten ``topk.py`` text defines (a patch checked before it
+    is offered), against the live module's globals. Never raises."""
+    try:
+        fn, ns = function_from_source(module, source)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        why = f"the rewritten source does not load: {type(exc).__name__}: {exc}"
+        return ProbeResult(False, why)
+    return probe(fn, ns, **kw)

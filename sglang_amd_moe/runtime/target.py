@@ -1,0 +1,331 @@
+"""The skeleton every hook of this package is built on (after OpenTelemetry's
+``BaseInstrumentor``).
+
+Contract: a target subclasses :class:`Target`, names itself (``name``) and writes
+``_install(gate)`` (read the installed code, decide, apply; return the
+:class:`HookStatus`), ``is_live()`` and ``_undo()``. The base serialises calls under one
+lock, keeps the last status, logs one line per change of state, turns any exception into
+an ``error`` status (only ``KeyboardInterrupt`` passes), and makes ``install`` idempotent.
+
+Shared helpers: :func:`mark`/:func:`find_marked`/:func:`holds` walk wrapper chains,
+:func:`rebind_copies` rebinds ``from m import f`` copies, :func:`when_imported` runs a
+callback right after a module executes (one ``sys.meta_path`` finder for every target).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import logging
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_amd_moe.runtime import env
+
+logger = logging.getLogger("sglang_amd_moe")
+
+#: Attribute set on every wrapper this package installs: the wrapped original.
+MARK = "__sglang_amd_moe_original__"
+
+#: live: in place. pending: registered, applied later (SGLang: by ``load_plugins()``;
+#: aiter: when ``aiter.fused_moe`` is imported). not-needed: the installed code is right.
+#: off: disabled or gated off. refused: upstream left alone on purpose. error: a failure.
+STATES: tuple[str, ...] = ("live", "pending", "not-needed", "off", "refused", "error")
+
+#: The level each state's line is logged at (a target may ask for another one).
+LEVELS: dict[str, int] = {
+    "live": logging.INFO,
+    "pending": logging.INFO,
+    "not-needed": logging.INFO,
+    "off": logging.INFO,
+    "refused": logging.WARNING,
+    "error": logging.WARNING,
+}
+
+#: ``(allowed, why)``: the plugin's gate (``env.gate()``, after ``SGLANG_AMD_MOE_DISABLE``).
+Gate = tuple[bool, str]
+
+
+@dataclass(frozen=True)
+class HookStatus:
+    """What one hook decided in this process, and the one log line that says so."""
+
+    target: str  # "sglang" or "aiter"
+    state: str  # one of STATES
+    form: str | None  # the form the decision rests on (None: nothing was read)
+    message: str  # the log line (the audit shows it too)
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise ValueError(f"HookStatus.state must be one of {STATES}, got {self.state!r}")
+
+    @property
+    def hooked(self) -> bool:
+        """The wrapper is in place or about to be (``live`` or ``pending``)."""
+        return self.state in ("live", "pending")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why nothing is hooked: ``state`` is ``not-needed``, ``refused`` or ``error``."""
+
+    state: str
+    reason: str
+
+
+def same(a: HookStatus | None, b: HookStatus | None) -> bool:
+    """Whether two statuses say the same thing (target, state, form and message)."""
+    if a is None or b is None:
+        return a is b
+    return (a.target, a.state, a.form, a.message) == (b.target, b.state, b.form, b.message)
+
+
+class Target:
+    """One hooked upstream function (see the module docstring for the contract)."""
+
+    name = ""  # HookStatus.target
+    what = ""  # the hooked module or function, for messages
+    upstream = ""  # whose code it is, for messages ("SGLang", "aiter")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._status: HookStatus | None = None
+        self._failures: set[str] = set()
+
+    # --- what a target writes ----------------------------------------------------------
+
+    def _install(self, gate: Gate) -> HookStatus:
+        raise NotImplementedError
+
+    def _undo(self) -> None:
+        raise NotImplementedError
+
+    def is_live(self) -> bool:
+        """The wrapper is in place now (possibly under other plugins' wrappers)."""
+        raise NotImplementedError
+
+    def _still_hooked(self) -> bool:
+        """A ``live``/``pending`` status still holds (then install() does nothing)."""
+        return self.is_live()
+
+    # --- the skeleton ------------------------------------------------------------------
+
+    def install(self, gate: Gate | None = None) -> HookStatus:
+        """Decide from the installed code and hook it if it needs it. Never raises;
+        idempotent while the hook is live or pending. ``gate``: the plugin's (default:
+        ``env.gate()``); closed, it records ``off`` without logging: the plugin logs
+        that line once for every target."""
+        if gate is None:
+            gate = env.gate()
+        with self.lock:
+            current = self.status()
+            if current is not None and current.hooked and self._still_hooked():
+                return current
+            if not gate[0]:
+                self._status = self.make_status("off", None, f"{gate[1]}; nothing hooked")
+                return self._status
+            try:
+                return self._install(gate)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - never take a server down
+                text = f"hooking {self.what} failed ({type(exc).__name__}: {exc}); "
+                text += f"{self.upstream} left untouched"
+                return self.record(self.make_status("error", None, text), exc_info=True)
+
+    def status(self) -> HookStatus | None:
+        """The last decision in this process (None: never installed, or uninstalled)."""
+        with self.lock:
+            return self._status
+
+    def uninstall(self) -> None:
+        """Put every patched attribute back and forget the decision."""
+        with self.lock:
+            self._undo()
+            self._status = None
+            self._failures.clear()
+
+    def make_status(self, state: str, form: str | None, text: str, **detail: Any) -> HookStatus:
+        prefix = "" if text.startswith("sglang-amd-moe:") else "sglang-amd-moe: "
+        return HookStatus(self.name, state, form, prefix + text, detail)
+
+    def record(
+        self, status: HookStatus, *, level: int | None = None, exc_info: bool = False
+    ) -> HookStatus:
+        """Keep ``status``; log its line when it says something new (at ``level``, else
+        the state's)."""
+        with self.lock:
+            previous, self._status = self._status, status
+        if not same(status, previous):
+            chosen = LEVELS[status.state] if level is None else level
+            logger.log(chosen, "%s", status.message, exc_info=exc_info)
+        return status
+
+    def log_call_failure(self, what: str, text: str) -> None:
+        """A failure inside a hooked call: its traceback once per ``what`` and install."""
+        if what in self._failures:
+            logger.debug("sglang-amd-moe: %s failed again", what, exc_info=True)
+            return
+        self._failures.add(what)
+        logger.exception("sglang-amd-moe: %s", text)
+
+
+# --- wrapper chains --------------------------------------------------------------------
+
+
+def mark(wrapper: Any, original: Any) -> Any:
+    """Set :data:`MARK` on ``wrapper`` (to ``original``, which a ``__wrapped__`` it sets
+    must equal) and return it."""
+    setattr(wrapper, MARK, original)
+    return wrapper
+
+
+def chain(fn: Any, depth: int = 32) -> Iterator[Any]:
+    """``fn`` and what it wraps, through ``__wrapped__`` (functools.wraps, HookRegistry)."""
+    for _ in range(depth):
+        if fn is None:
+            return
+        yield fn
+        fn = getattr(fn, "__wrapped__", None)
+
+
+def find_marked(fn: Any) -> Any | None:
+    """The first wrapper of this package in ``fn``'s chain, or None."""
+    for f in chain(fn):
+        original = getattr(f, MARK, None)
+        # functools.wraps copies __dict__, so a wrapper put on top of ours carries our
+        # mark too; only ours wraps exactly what the mark names.
+        if original is not None and getattr(f, "__wrapped__", original) is original:
+            return f
+    return None
+
+
+def closes_over(fn: Any, value: Any) -> bool:
+    """``fn`` is a closure over ``value`` (SGLang's registry wraps a hook that way)."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            if cell.cell_contents is value:
+                return True
+        except ValueError:  # an empty cell
+            continue
+    return False
+
+
+def holds(fn: Any, obj: Any) -> bool:
+    """``obj`` is in ``fn``'s chain, itself or as the hook a wrapper closes over."""
+    return any(f is obj or closes_over(f, obj) for f in chain(fn))
+
+
+def rebind_copies(
+    original: Any,
+    replacement: Any,
+    *,
+    name: str | None = None,
+    skip: set[tuple[int, str]] | frozenset[tuple[int, str]] = frozenset(),
+) -> list[tuple[types.ModuleType, str]]:
+    """Point every module attribute that is ``original`` (of ``name`` only, if given) at
+    ``replacement``, except ``(id(module), attribute)`` pairs in ``skip``; return them."""
+    rebound: list[tuple[types.ModuleType, str]] = []
+    for mod in list(sys.modules.values()):
+        namespace = getattr(mod, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        try:
+            names = (
+                [name] if name is not None else [k for k, v in namespace.items() if v is original]
+            )
+            for attr in names:
+                if (id(mod), attr) not in skip and namespace.get(attr) is original:
+                    setattr(mod, attr, replacement)
+                    rebound.append((mod, attr))
+        except Exception:  # an exotic module object: leave it alone
+            continue
+    return rebound
+
+
+# --- import-time patching --------------------------------------------------------------
+
+_WATCHED: dict[str, list[Callable[[types.ModuleType], None]]] = {}
+_busy = threading.local()
+
+
+def when_imported(module: str, callback: Callable[[types.ModuleType], None]) -> None:
+    """Call ``callback(module)`` right after ``module`` executes, before its importer
+    sees it. One finder on ``sys.meta_path`` serves every module and callback."""
+    callbacks = _WATCHED.setdefault(module, [])
+    if callback not in callbacks:
+        callbacks.append(callback)
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+def forget(module: str, callback: Callable[[types.ModuleType], None]) -> None:
+    """Undo :func:`when_imported`; the finder leaves when nothing is watched."""
+    callbacks = _WATCHED.get(module, [])
+    if callback in callbacks:
+        callbacks.remove(callback)
+    if not callbacks:
+        _WATCHED.pop(module, None)
+    if not _WATCHED:
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+
+
+def watching(module: str) -> bool:
+    return bool(_WATCHED.get(module)) and any(isinstance(f, _Finder) for f in sys.meta_path)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds a watched module through the other finders and wraps its loader."""
+
+    _sglang_amd_moe_finder = True
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _WATCHED or getattr(_busy, "active", False):
+            return None
+        try:
+            _busy.active = True
+            try:
+                spec = None
+                for finder in sys.meta_path:
+                    find = getattr(finder, "find_spec", None)
+                    if isinstance(finder, _Finder) or find is None:
+                        continue
+                    spec = find(fullname, path, target)
+                    if spec is not None:
+                        break
+            finally:
+                _busy.active = False
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return None
+            spec.loader = _Loader(spec.loader)
+            return spec
+        except Exception:
+            logger.exception("sglang-amd-moe: import hook for %s failed; left untouched", fullname)
+            return None
+
+
+class _Loader(importlib.abc.Loader):
+    """Runs the real loader, then the callbacks on the freshly executed module."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)  # upstream's own errors propagate unchanged
+        for callback in list(_WATCHED.get(module.__name__, ())):
+            try:
+                callback(module)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:  # noqa: BLE001 - ours must not fail upstream's import
+                logger.exception("sglang-amd-moe: patching %s failed", module.__name__)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
+        return getattr(self._loader, name)
