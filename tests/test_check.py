@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -353,6 +354,53 @@ def test_check_and_demo_help_are_help_texts() -> None:
         assert "call an AMD GPU `cuda`" in " ".join(text.split())
         assert "``" not in text and ":mod:" not in text, text
     assert "exit status:" in text  # demo says how its status is decided
+
+
+def _check_in(code: str, *, bare: bool = False) -> subprocess.CompletedProcess:
+    """``sglang-amd-moe check`` in a fresh interpreter after ``code`` ran; ``bare``: without
+    site-packages (``-S``: only the standard library and this repository)."""
+    cmd = [
+        sys.executable,
+        *(["-S"] if bare else []),
+        "-c",
+        code + "\n"
+        "from sglang_amd_moe.diagnostics.cli import main\n"
+        "raise SystemExit(main(['check']))",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)} if bare else None
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+
+
+def test_check_without_sglang_says_so_with_exit_2() -> None:
+    """No SGLang in the interpreter (``import sglang`` fails, as where it is not installed):
+    exit 2 and one line that says what is missing and where to run the check instead, never
+    a traceback and never advice to install SGLang from the registry."""
+    proc = _check_in("import sys; sys.modules['sglang'] = None")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "cannot run: SGLang is not installed in this interpreter" in proc.stderr
+    assert "the python of the environment that runs your server" in proc.stderr
+    assert "Triton" not in proc.stderr and "torch is not installed" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_check_without_triton_says_so_with_exit_2() -> None:
+    proc = _check_in("import sys; sys.modules['triton'] = None")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "cannot run: Triton is not installed (the kernels need Triton >= 3.3" in proc.stderr
+    assert "SGLang is not installed" not in proc.stderr
+
+
+def test_check_in_a_bare_interpreter_names_everything_missing() -> None:
+    """Only the standard library: SGLang, torch and Triton are each named, exit 2."""
+    proc = _check_in("", bare=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 3, proc.stderr
+    assert "SGLang is not installed" in lines[0] and "torch is not installed" in lines[1]
+    assert "Triton is not installed" in lines[2]
 
 
 # ----------------------------------------------------------------------------- table
