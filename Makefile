@@ -43,7 +43,7 @@ DEMO_OUT := .cache/demo
 DEMO_LOG := $(DEMO_OUT)/setup.log
 demo:
 	@mkdir -p $(DEMO_OUT)
-	@echo "make demo: setting up .venv and $(COMPAT)/$(DEMO_RELEASE) (SGLang $(DEMO_RELEASE)); pip's output: $(DEMO_LOG)"
+	@echo "make demo: setting up .venv and $(COMPAT)/$(DEMO_RELEASE) (SGLang $(DEMO_RELEASE); minutes the first time); pip's output: $(DEMO_LOG)"
 	@{ $(MAKE) --no-print-directory venv && $(PY) tools/compat/releases.py build $(DEMO_RELEASE); } \
 		> $(DEMO_LOG) 2>&1 || { tail -n 20 $(DEMO_LOG); echo "make demo: setup failed (whole log: $(DEMO_LOG))"; exit 1; }
 	@$(PY) -m sglang_amd_moe demo --python $(COMPAT)/$(DEMO_RELEASE)/bin/python --out-dir $(DEMO_OUT)

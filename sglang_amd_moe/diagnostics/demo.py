@@ -207,7 +207,7 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
     lines = [
         "sglang-amd-moe demo: CUDA-graph batches padded with garbage rows (NaN, +-1e30) go",
         "through each SGLang's real select_experts/_post_process_topk_ids, its HIP branch",
-        f"forced, then an aiter-like MoE (a tiny DeepSeek-style model on {_device(envs)}); the",
+        f"forced, then an aiter-like MoE (a tiny DeepSeek-style model, on {_device(envs)}): the",
         "real rows are compared with the same tokens run unpadded.",
         "",
         f"{'SGLang':<14}{'form':<15}the plugin, loaded by SGLang's load_plugins()",
@@ -261,7 +261,7 @@ def _version_key(version: str) -> tuple:
 def _device(envs: list[Env]) -> str:
     for env in envs:
         if env.check.get("device"):
-            return str(env.check["device"])
+            return "the CPU" if env.check["device"] == "cpu" else str(env.check["device"])
     return "the CPU"
 
 
