@@ -210,11 +210,15 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
         f"forced, then an aiter-like MoE (a tiny DeepSeek-style model, on {_device(envs)}): the",
         "real rows are compared with the same tokens run unpadded.",
         "",
-        f"{'SGLang':<14}{'form':<15}the plugin, loaded by SGLang's load_plugins()",
     ]
-    for env in envs:
-        form = env.sglang.get("form") or (env.check.get("forms") or [{}])[0].get("form", "?")
-        lines.append(f"{env.version:<14}{form:<15}{plugin_cell(env)}")
+    forms = [
+        env.sglang.get("form") or (env.check.get("forms") or [{}])[0].get("form", "?")
+        for env in envs
+    ]
+    width = max([15, *(len(f) + 2 for f in forms)])
+    lines.append(f"{'SGLang':<14}{'form':<{width}}the plugin, loaded by SGLang's load_plugins()")
+    for env, form in zip(envs, forms, strict=True):
+        lines.append(f"{env.version:<14}{form:<{width}}{plugin_cell(env)}")
     lines += [
         "",
         f"{'':<14}{'':>11} | {'WITHOUT the plugin':^33} | WITH the plugin",
@@ -223,7 +227,8 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
     ]
     for env in envs:
         if env.check_status == 2 or not env.check:
-            lines.append(f"{env.version:<14}{'':>11} | check could not run: {env.check_error}")
+            why = env.check_error.removeprefix("sglang-amd-moe check: ")
+            lines.append(f"{env.version:<14}{'':>11} | check could not run: {why}")
             continue
         with_rows = {(r["real"], r["padded"]): r for r in env.check.get("with_plugin", [])}
         for row in env.check.get("without_plugin", []):
