@@ -1,12 +1,13 @@
 """``sglang-amd-moe check``: the end-to-end padded-batch check, and the pieces it is built on.
 
 The first tests run the real command in a subprocess (real SGLang, real ``load_plugins()``)
-and read both its table and its JSON, and run ``demo`` in a real 0.5.13.post1 environment. The others pin down the pieces
-(``sglang_amd_moe.diagnostics.e2e``): the legacy-sort emulation agrees with this
-package's reference on in-range ids and does what its docstring says on out-of-range
-ones, the consumer is exact under padding, the HIP router emulation, the AST rebuild of
-the mask-under-eplb-guard form (checked against the real reversed-0.5.14 environment),
-the table, and the command lines of ``check`` and ``demo``.
+and read both its table and its JSON, and run ``demo`` in a real 0.5.13.post1
+environment. The others pin down the pieces (``sglang_amd_moe.diagnostics.e2e``): the
+legacy-sort emulation agrees with this package's reference on in-range ids and does what
+its docstring says on out-of-range ones, the consumer is exact under padding, the HIP
+router emulation, the AST rebuild of the mask-under-eplb-guard form (checked against the
+real reversed-0.5.14 environment), the table, the command lines of ``check`` and
+``demo``, and ``check`` where SGLang, torch or Triton is missing.
 """
 
 from __future__ import annotations
