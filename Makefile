@@ -1,5 +1,6 @@
 # Two commands that work on a fresh CPU-only Linux machine with Python 3.11:
-#   make demo   set up .venv, then run the audit and the padded-batch check on the CPU
+#   make demo   set up .venv and SGLang 0.5.13.post1's environment, then show the padded-batch
+#               bug there and the plugin's fix, next to the release in .venv (on the CPU)
 #   make test   set up .venv (and the per-release SGLang environments), then run the suite
 # Everything is installed from the package registries by these rules.
 
@@ -33,8 +34,20 @@ SERVER_EXTRAS := uvicorn==0.54.0 fastapi==0.165.0 uvloop==0.23.0 setproctitle==1
 $(COMPAT)/server/layer.json: $(VENV)/.ready
 	$(PY) tools/compat/build_env.py --dest $(COMPAT)/server --shared $(VENV) --layer $(SERVER_EXTRAS)
 
-demo: venv
-	$(PY) -m sglang_amd_moe demo
+# The demo's setup (.venv, then the DEMO_RELEASE environment exactly as `make test` builds
+# it) goes to a log: pip's resolver prints an "ERROR: ... requires" line for every package
+# an SGLang release declares and the environments leave out on purpose (--no-deps), which
+# reads as a failure on screen. A failing step prints the log's tail and stops.
+DEMO_RELEASE := 0.5.13.post1
+DEMO_OUT := .cache/demo
+DEMO_LOG := $(DEMO_OUT)/setup.log
+demo:
+	@mkdir -p $(DEMO_OUT)
+	@echo "make demo: setting up .venv and $(COMPAT)/$(DEMO_RELEASE) (SGLang $(DEMO_RELEASE); minutes the first time); pip's output: $(DEMO_LOG)"
+	@{ $(MAKE) --no-print-directory venv && $(PY) tools/compat/releases.py build $(DEMO_RELEASE); } \
+		> $(DEMO_LOG) 2>&1 || { tail -n 20 $(DEMO_LOG); echo "make demo: setup failed (whole log: $(DEMO_LOG))"; exit 1; }
+	@$(PY) -m sglang_amd_moe demo --python $(COMPAT)/$(DEMO_RELEASE)/bin/python --out-dir $(DEMO_OUT)
+	@echo "  set up by: make venv; $(PY) tools/compat/releases.py build $(DEMO_RELEASE) (log: $(DEMO_LOG))"
 
 # Per-release SGLang environments layered on .venv (share its torch): the CI subset
 # covers one release of each form (`make compat` builds and runs them all).

@@ -1,18 +1,20 @@
 """``sglang-amd-moe check``: the end-to-end padded-batch check, and the pieces it is built on.
 
 The first tests run the real command in a subprocess (real SGLang, real ``load_plugins()``)
-and read both its table and its JSON. The others pin down the pieces
-(``sglang_amd_moe.diagnostics.e2e``): the legacy-sort emulation agrees with this
-package's reference on in-range ids and does what its docstring says on out-of-range
-ones, the consumer is exact under padding, the HIP router emulation, the rebuild of
-the mask-under-eplb-guard form (the body the ledger knows as that form),
-the table, and the command lines of ``check`` and ``demo``.
+and read both its table and its JSON, and run ``demo`` in a real 0.5.13.post1
+environment. The others pin down the pieces (``sglang_amd_moe.diagnostics.e2e``): the
+legacy-sort emulation agrees with this package's reference on in-range ids and does what
+its docstring says on out-of-range ones, the consumer is exact under padding, the HIP
+router emulation, the rebuild of the mask-under-eplb-guard form (the body the ledger
+knows as that form), the table, the command lines of ``check`` and ``demo``, and
+``check`` where SGLang, torch or Triton is missing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -97,20 +99,57 @@ def test_check_cli_installed_release(tmp_path: Path) -> None:
     assert rebuilt_form["hook_live"] is True  # the plugin hooked the rebuilt function
 
 
+DEMO_ROW = re.compile(
+    r"^(?P<version>\S+)\s+(?P<n>\d+) of (?P<m>\d+) \|\s+(?P<nan>\d+)\s+(?P<bad>\d+)/\d+\s+"
+    r"(?P<ids>\d+)\s+\| (?P<with>.*)$"
+)
+
+
 @pytest.mark.sglang
-def test_check_cli_old_release_shows_bug_on_installed_form(tmp_path: Path) -> None:
-    """In a real 0.5.13.post1 environment (form `weights-only`) the installed form itself
-    shows the garbage without the plugin, and matches with it."""
+def test_demo_shows_the_bug_and_the_fix_on_a_real_release(tmp_path: Path) -> None:
+    """``demo`` run by a real 0.5.13.post1 environment's python (form `weights-only`, what
+    ``make demo`` adds next to .venv's release): without the plugin the real rows hold NaN
+    and out-of-range ids reach the consumer, with it they match exactly; the screen fits in
+    40 lines, holds no pip or Python error, and names the command that ran; the check's
+    full JSON stays in --out-dir and says the same."""
     rel = _release("0.5.13.post1")
     if not rel.is_built():  # a CI release: make test builds it, so missing is a failure
         pytest.fail(f"{rel.venv} not built (python tools/compat/releases.py build {rel.label})")
-    proc, doc, rows = _run_check(rel.python, tmp_path, "--no-rebuilt")
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [str(rel.python), "-m", "sglang_amd_moe", "demo", "--out-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert doc["sglang"] == "0.5.13.post1"
-    assert len(rows) == 3 and all(r["form"] == "weights-only" for r in rows), proc.stdout
+    screen = proc.stdout.splitlines()
+    assert len(screen) <= 40, proc.stdout
+    assert not any("ERROR" in ln or "Traceback" in ln for ln in screen), proc.stdout
+    assert proc.stderr == "", proc.stderr
+    rows = [m.groupdict() for ln in screen if (m := DEMO_ROW.match(ln))]
+    assert len(rows) == len(run.BATCHES), proc.stdout
     for r in rows:
-        assert int(r["oor"]) > 0 and int(r["nan"]) > 0, r
-        assert r["with"].startswith("exact"), r
+        assert r["version"] == "0.5.13.post1", r
+        assert int(r["nan"]) > 0 and int(r["bad"]) > 0 and int(r["ids"]) > 0, r
+        assert r["with"] == "exact", r
+    assert any(
+        ln.startswith("0.5.13.post1  weights-only   hooked (mask padded ids to 0") for ln in screen
+    ), proc.stdout
+    assert any("-m sglang_amd_moe check --no-rebuilt" in ln for ln in screen), proc.stdout
+    assert "result: PASS" in proc.stdout and "0.5.13.post1: wrong without it" in proc.stdout
+
+    doc = json.loads((out / "check-0.5.13.post1.json").read_text())
+    assert doc["sglang"] == "0.5.13.post1" and doc["ok"] is True
+    assert [f["form"] for f in doc["forms"]] == ["weights-only"]
+    for row in doc["without_plugin"]:
+        assert row["compare"]["nan_count"] > 0 and row["out_of_range_ids"] > 0, row
+    for row in doc["with_plugin"]:
+        assert row["compare"]["match"] == "exact" and row["out_of_range_ids"] == 0, row
+    assert "result: PASS" in (out / "check-0.5.13.post1.log").read_text()
+    audit = json.loads((out / "audit-0.5.13.post1.json").read_text())
+    assert audit["targets"][0]["form"] == "weights-only"
 
 
 # ------------------------------------------------------------------- legacy sort model
@@ -266,17 +305,37 @@ def test_the_guard_diffs_rebuild_the_form_the_ledger_knows(version: str) -> None
 # ----------------------------------------------------------------------------- demo
 
 
-def test_demo_status_is_the_checks_unless_the_audit_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang_amd_moe.diagnostics import audit
+def _env(tmp_path: Path, version: str, **kw: object) -> demo.Env:
+    env = demo.Env(sys.executable, version, tmp_path)
+    env.audit = {"targets": [{"target": "sglang", "version": version, "form": "weights-only"}]}
+    env.audit_status = 0
+    for key, value in kw.items():
+        setattr(env, key, value)
+    return env
 
-    calls = []
-    monkeypatch.setattr(check, "main", lambda argv: calls.append(("check", argv)) or 1)
-    for audit_status, expected in ((0, 1), (1, 1), (2, 2)):
-        monkeypatch.setattr(
-            audit, "main", lambda argv, s=audit_status: calls.append(("audit", argv)) or s
-        )
-        assert demo.main(["--device", "cpu"]) == expected
-    assert calls[:2] == [("audit", []), ("check", ["--device", "cpu"])]
+
+def test_demo_status_and_screen_when_an_environment_fails(tmp_path: Path) -> None:
+    """Status 2 when a check could not run (the screen says so), 1 when a row with the
+    plugin does not match, 0 only when every environment's check passed; an audit that
+    failed (its 2) is a 2, its "needs attention" (1) is not."""
+    exact = {"match": "exact", "nan_count": 0, "bad_rows": 0}
+    row = {"real": 5, "padded": 8, "compare": exact, "out_of_range_ids": 0, "error": ""}
+    passed = {"sglang": "0.5.23", "ok": True, "without_plugin": [row], "with_plugin": [row]}
+    ok = _env(tmp_path, "0.5.23", check=passed, check_status=0)
+    assert demo.status([ok]) == 0
+    assert demo.status([ok, _env(tmp_path, "0.5.13", check={**passed, "ok": False})]) == 1
+    broken = _env(tmp_path, "0.5.10", check={}, check_status=2, check_error="no sgl_kernel")
+    assert demo.status([ok, broken]) == 2
+    assert demo.status([_env(tmp_path, "0.5.23", check=passed, audit_status=1)]) == 0
+    assert demo.status([_env(tmp_path, "0.5.23", check=passed, audit_status=2)]) == 2
+    screen = demo.render([ok, broken], tmp_path, 1.0)
+    assert "0.5.10" in screen and "check could not run: no sgl_kernel" in screen
+    assert "result: could not run everywhere" in screen
+
+
+def test_demo_refuses_a_python_that_is_not_there(capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--python", "/nonexistent/bin/python"]) == 2
+    assert "--python /nonexistent/bin/python: not an executable file" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- command lines
@@ -320,11 +379,62 @@ def test_check_and_demo_help_are_help_texts() -> None:
         assert proc.returncode == 0, proc.stderr
         text = proc.stdout
         assert text.startswith(f"usage: sglang-amd-moe {command} "), text
-        for option in ("--device", "--json", "--json-file", "--no-rebuilt"):
+        options = {
+            "check": ("--device", "--json", "--json-file", "--no-rebuilt"),
+            "demo": ("--device", "--python", "--out-dir"),
+        }[command]
+        for option in options:
             assert option in text, (command, option)
         assert "call an AMD GPU `cuda`" in " ".join(text.split())
         assert "``" not in text and ":mod:" not in text, text
-    assert "exit status:" in text  # demo says how its status is decided
+        assert "exit status:" in text  # each says how its status is decided
+
+
+def _check_in(code: str, *, bare: bool = False) -> subprocess.CompletedProcess:
+    """``sglang-amd-moe check`` in a fresh interpreter after ``code`` ran; ``bare``: without
+    site-packages (``-S``: only the standard library and this repository)."""
+    cmd = [
+        sys.executable,
+        *(["-S"] if bare else []),
+        "-c",
+        code + "\n"
+        "from sglang_amd_moe.diagnostics.cli import main\n"
+        "raise SystemExit(main(['check']))",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)} if bare else None
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+
+
+def test_check_without_sglang_says_so_with_exit_2() -> None:
+    """No SGLang in the interpreter (``import sglang`` fails, as where it is not installed):
+    exit 2 and one line that says what is missing and where to run the check instead, never
+    a traceback and never advice to install SGLang from the registry."""
+    proc = _check_in("import sys; sys.modules['sglang'] = None")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "cannot run: SGLang is not installed in this interpreter" in proc.stderr
+    assert "the python of the environment that runs your server" in proc.stderr
+    assert "Triton" not in proc.stderr and "torch is not installed" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_check_without_triton_says_so_with_exit_2() -> None:
+    proc = _check_in("import sys; sys.modules['triton'] = None")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "cannot run: Triton is not installed (the kernels need Triton >= 3.3" in proc.stderr
+    assert "SGLang is not installed" not in proc.stderr
+
+
+def test_check_in_a_bare_interpreter_names_everything_missing() -> None:
+    """Only the standard library: SGLang, torch and Triton are each named, exit 2."""
+    proc = _check_in("", bare=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 3, proc.stderr
+    assert "SGLang is not installed" in lines[0] and "torch is not installed" in lines[1]
+    assert "Triton is not installed" in lines[2]
 
 
 # ----------------------------------------------------------------------------- table

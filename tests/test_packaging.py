@@ -78,6 +78,8 @@ def test_wheel_layout(tmp_path: Path) -> None:
         if ln.startswith("Requires-Dist:")
     ]
     assert [r for r in requires if "extra ==" not in r] == ["torch"], requires
+    # No extra pulls SGLang either: the registry's SGLang pins CUDA torch.
+    assert not [r for r in requires if r.split()[0].lower().startswith("sglang")], requires
     assert "License-Expression: Apache-2.0" in metadata
     license_file = next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))
     assert wheel.read(license_file) == (REPO / "LICENSE").read_bytes()

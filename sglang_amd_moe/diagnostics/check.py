@@ -28,18 +28,22 @@ This module is the command line only; the check itself is
 
 Exit status 0 only when every row with the plugin matches the unpadded run; 1 when one
 does not; 2 when the check cannot run (bad arguments, no GPU for ``--device cuda``, no
-importable SGLang).
+SGLang, torch or Triton in this interpreter, an SGLang whose topk module does not
+import here). The check never installs anything: it runs with the SGLang of the
+interpreter that runs it, the one your server runs with.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
 import time
 
 from sglang_amd_moe.diagnostics.e2e import use_triton_interpreter
+from sglang_amd_moe.runtime import env
 
 DEVICE_HELP = (
     "cpu (default), or cuda (cuda:N for one GPU). ROCm builds of torch call an AMD GPU "
@@ -70,20 +74,66 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+EPILOG = """exit status:
+  0  every row with the plugin matches the unpadded run
+  1  a row with the plugin does not match
+  2  the check cannot run: bad arguments, no GPU for --device cuda, or no SGLang, torch
+     or Triton in this interpreter (run it with the python that runs your server)"""
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="sglang-amd-moe check",
         description="Padded-batch end-to-end check on a small MoE model, without and with "
-        "the plugin.",
+        "the plugin. It needs SGLang installed in the interpreter that runs it.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_options(p)
     return p.parse_args(argv)
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be found by this interpreter, without importing it."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_requirements() -> list[str]:
+    """Why this interpreter cannot run the check, one reason a line ([] when it can).
+
+    Nothing is imported: a missing SGLang, torch or Triton is reported as such instead of
+    as a traceback from deep inside the check.
+    """
+    problems = []
+    if not _installed("sglang"):
+        problems.append(
+            f"SGLang is not installed in this interpreter ({sys.executable}): the check "
+            "routes through the installed SGLang's own code. Run it with the python of the "
+            "environment that runs your server. Do not install SGLang from the package "
+            "registry into a ROCm image for it: the registry's SGLang pins CUDA torch."
+        )
+    if not _installed("torch"):
+        problems.append(f"torch is not installed in this interpreter ({sys.executable})")
+    triton = env.triton_problem()
+    if triton:
+        problems.append(triton[0].upper() + triton[1:] + ": the check runs this package's kernels")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     use_triton_interpreter(args.device)
+    problems = missing_requirements()
+    if problems:
+        for problem in problems:
+            print(f"sglang-amd-moe check: cannot run: {problem}", file=sys.stderr)
+        return 2
     if args.device.startswith("cuda"):
         import torch  # only here: `check --help` and argument errors stay fast
 

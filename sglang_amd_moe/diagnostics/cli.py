@@ -26,7 +26,10 @@ SUBCOMMANDS = {
         "sglang_amd_moe.diagnostics.check",
         "padded-batch end-to-end check on a small MoE model",
     ),
-    "demo": ("sglang_amd_moe.diagnostics.demo", "audit, then check: what `make demo` runs"),
+    "demo": (
+        "sglang_amd_moe.diagnostics.demo",
+        "audit and check in each SGLang environment given, one table (`make demo`)",
+    ),
 }
 
 
@@ -43,6 +46,13 @@ def usage() -> str:
     lines += [
         "",
         f"Run `{PROG} COMMAND --help` for a command's options.",
+        "",
+        "exit status:",
+        "  audit        0 nothing needs action, 1 something needs attention, 2 the audit failed",
+        "  check, demo  0 every row with the plugin matches, 1 a row does not match,",
+        "               2 cannot run (no SGLang, torch or Triton in this interpreter, bad",
+        "               arguments)",
+        "  every command: 2 for a usage error or a report that cannot be written, 130 on Ctrl-C",
         "",
         "environment (read by the plugin in the server, and by these commands):",
         "  SGLANG_AMD_MOE_FORCE=1    hook even where torch is not a ROCm build",

@@ -1,30 +1,46 @@
-"""``sglang-amd-moe demo`` (what ``make demo`` runs): the audit, then the padded-batch check.
+"""``sglang-amd-moe demo`` (what ``make demo`` runs): the padded-batch bug and the fix, one screen.
 
-The audit says what is installed and what the plugin would change; the check then shows
-the end-to-end effect on a small MoE model, without and with the plugin. The exit
-status is the check's (0 only when every row with the plugin matches), except that an
-audit error (its status 2) makes the demo's status 2: an audit that could not read the
-installation means the demo did not show what it claims. The audit's "needs attention"
-(1) is informational here: the check's table is the verdict.
+For each SGLang environment given (``--python``, the interpreter of another environment;
+``make demo`` passes SGLang 0.5.13.post1's) and the one running the demo, it runs
+``sglang-amd-moe audit --json`` and ``sglang-amd-moe check --no-rebuilt`` in that
+environment's own interpreter, the checks side by side, and prints one table: what the
+plugin does to that release, and the real rows of each padded batch without and with the
+plugin. Each check's full table, its JSON and each audit's JSON are kept in ``--out-dir``;
+the footer lists the commands that ran, so every number on the screen can be traced to
+its source.
+
+Exit status: 0 every row with the plugin matches in every environment; 1 a row with the
+plugin does not match; 2 an environment's check or audit could not run (its log says
+why). The audit's "needs attention" does not change it: the check's rows are the verdict.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from sglang_amd_moe.diagnostics import check
-from sglang_amd_moe.diagnostics.e2e import use_triton_interpreter
+from sglang_amd_moe.diagnostics.check import device
 
 DESCRIPTION = """\
-Run `sglang-amd-moe audit` (no arguments), then `sglang-amd-moe check` with the
-options below: what is installed and what the plugin changes, then the end-to-end
-effect on a small MoE model, without and with the plugin."""
+Run `sglang-amd-moe audit` and `sglang-amd-moe check --no-rebuilt` in this interpreter's
+SGLang and in each --python interpreter's, and print what the plugin does there and the
+real rows of padded batches without and with it, on one screen."""
 EPILOG = """exit status:
-  0  every row of the check with the plugin matches the unpadded run
+  0  every row with the plugin matches the unpadded run, in every environment
   1  a row with the plugin does not match
-  2  the audit or the check could not run (the audit's "needs attention" does not
-     change the status: the check's table is the verdict)"""
+  2  a check or an audit could not run (its log in --out-dir says why); the audit's
+     "needs attention" does not change the status: the check's rows are the verdict"""
+
+#: How long one environment's check may take (it takes well under a minute on 2 cores).
+CHECK_TIMEOUT_S = 900
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -34,30 +50,273 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    check.add_options(p)
+    p.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        metavar="PYTHON",
+        help="the python of another environment with SGLang and this package (repeatable); "
+        "`make demo` passes .compat/0.5.13.post1/bin/python",
+    )
+    p.add_argument(
+        "--device",
+        type=device,
+        default="cpu",
+        help="passed to each check: cpu (default), or cuda (ROCm builds of torch call an AMD "
+        "GPU `cuda` too)",
+    )
+    p.add_argument(
+        "--out-dir",
+        metavar="DIR",
+        help="where each check's table and JSON and each audit's JSON are kept (default: a "
+        "new temporary directory, printed at the end)",
+    )
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run ``audit`` (no arguments), then ``check`` with ``argv``; see the module docstring."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)  # --help, and bad options, before anything runs
-    # Before anything can import triton (see e2e.use_triton_interpreter).
-    use_triton_interpreter(args.device)
-    print("== sglang-amd-moe audit", flush=True)
-    try:  # an audit that fails, even on import, must not hide the check
-        from sglang_amd_moe.diagnostics import audit
+def shown(path: str | Path) -> str:
+    """``path`` relative to the working directory when it lies below it (shorter to read)."""
+    absolute = os.path.abspath(path)  # not resolve(): a venv's python is a symlink
+    relative = os.path.relpath(absolute)
+    return absolute if relative.startswith("..") else relative
 
-        audit_status = int(audit.main([]) or 0)
-    except Exception as exc:  # the audit must not hide the check; report and go on
-        print(
-            f"sglang-amd-moe demo: the audit failed: {type(exc).__name__}: {exc}", file=sys.stderr
+
+@dataclass
+class Env:
+    """One SGLang environment: its interpreter and what ran there."""
+
+    python: str
+    tag: str
+    out_dir: Path
+    audit: dict[str, Any] = field(default_factory=dict)
+    audit_status: int | None = None
+    check: dict[str, Any] = field(default_factory=dict)
+    check_status: int | None = None
+    check_error: str = ""
+
+    @property
+    def check_json(self) -> Path:
+        return self.out_dir / f"check-{self.tag}.json"
+
+    @property
+    def check_log(self) -> Path:
+        return self.out_dir / f"check-{self.tag}.log"
+
+    @property
+    def audit_json(self) -> Path:
+        return self.out_dir / f"audit-{self.tag}.json"
+
+    def command(self, *args: str) -> list[str]:
+        return [self.python, "-m", "sglang_amd_moe", *args]
+
+    @property
+    def sglang(self) -> dict[str, Any]:
+        for target in self.audit.get("targets", []):
+            if target.get("target") == "sglang":
+                return target
+        return {}
+
+    @property
+    def version(self) -> str:
+        return self.check.get("sglang") or self.sglang.get("version") or "?"
+
+
+def run_audit(env: Env, taken: set[str]) -> None:
+    """``audit --json`` in the environment's interpreter. The SGLang version it reports
+    names the environment's files (``audit-<version>.json``, ``check-<version>.*``)."""
+    try:
+        proc = subprocess.run(
+            env.command("audit", "--json"), capture_output=True, text=True, timeout=300
         )
-        audit_status = 2
-    sys.stdout.flush()
-    print("\n== sglang-amd-moe check", flush=True)
-    check_status = int(check.main(argv) or 0)
-    if audit_status == 2:
-        print("sglang-amd-moe demo: the audit reported an error (status 2)", file=sys.stderr)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        env.audit_status, env.check_error = 2, f"audit: {exc}"
+        return
+    env.audit_status = proc.returncode
+    try:
+        env.audit = json.loads(proc.stdout)
+    except ValueError:
+        env.audit = {}
+    tag = env.sglang.get("version") or env.tag
+    while tag in taken:
+        tag += "+"
+    taken.add(tag)
+    env.tag = tag
+    env.audit_json.write_text(proc.stdout + proc.stderr, encoding="utf-8")
+
+
+def start_check(env: Env, device_name: str) -> subprocess.Popen | None:
+    """Start ``check --no-rebuilt`` in the environment's interpreter; its table goes to a log."""
+    cmd = env.command(
+        "check", "--no-rebuilt", "--device", device_name, "--json-file", str(env.check_json)
+    )
+    try:
+        with open(env.check_log, "w", encoding="utf-8") as log:
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        env.check_status, env.check_error = 2, f"check: {exc}"
+        return None
+
+
+def finish_check(env: Env, proc: subprocess.Popen | None) -> None:
+    if proc is None:
+        return
+    try:
+        env.check_status = proc.wait(timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        env.check_status, env.check_error = 2, f"check: no result after {CHECK_TIMEOUT_S} s"
+        return
+    try:
+        env.check = json.loads(env.check_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        env.check = {}
+        lines = env.check_log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        env.check_error = lines[-1] if lines else f"check exited {env.check_status}"
+
+
+def plugin_cell(env: Env) -> str:
+    """What the plugin did when SGLang loaded it in the check (the end of its log line,
+    after ``->``), else the audit's reading."""
+    forms = env.check.get("forms") or []
+    message = forms[0].get("hook_message", "") if forms else ""
+    if " -> " in message:
+        return message.split(" -> ", 1)[1]
+    return env.sglang.get("action") or env.sglang.get("reason") or "-"
+
+
+def _without_cells(row: dict[str, Any]) -> str:
+    if row.get("error"):
+        return f"{'error: ' + row['error'][:38]:<44}"
+    cmp = row["compare"]
+    bad = f"{cmp['bad_rows']}/{row['real']}"
+    return f"{cmp['nan_count']:>10} {bad:>9} {row['out_of_range_ids']:>8}     "
+
+
+def _with_cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "not run"
+    if row.get("error"):
+        return "error: " + row["error"][:40]
+    cmp = row["compare"]
+    return cmp["match"] if cmp["match"] != "MISMATCH" else f"MISMATCH ({cmp['bad_rows']} rows)"
+
+
+def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
+    envs = sorted(envs, key=lambda e: _version_key(e.version))
+    lines = [
+        "sglang-amd-moe demo: CUDA-graph batches padded with garbage rows (NaN, +-1e30) go",
+        "through each SGLang's real select_experts/_post_process_topk_ids, its HIP branch",
+        f"forced, then an aiter-like MoE (a tiny DeepSeek-style model, on {_device(envs)}): the",
+        "real rows are compared with the same tokens run unpadded.",
+        "",
+    ]
+    forms = [
+        env.sglang.get("form") or (env.check.get("forms") or [{}])[0].get("form", "?")
+        for env in envs
+    ]
+    width = max([15, *(len(f) + 2 for f in forms)])
+    lines.append(f"{'SGLang':<14}{'form':<{width}}the plugin, loaded by SGLang's load_plugins()")
+    for env, form in zip(envs, forms, strict=True):
+        lines.append(f"{env.version:<14}{form:<{width}}{plugin_cell(env)}")
+    lines += [
+        "",
+        f"{'':<14}{'':>11} | {'WITHOUT the plugin':^33} | WITH the plugin",
+        f"{'SGLang':<14}{'batch':>11} | {'NaN cells':>10} {'bad rows':>9} {'bad ids':>8}      "
+        "| real rows",
+    ]
+    for env in envs:
+        if env.check_status == 2 or not env.check:
+            why = env.check_error.removeprefix("sglang-amd-moe check: ")
+            lines.append(f"{env.version:<14}{'':>11} | check could not run: {why}")
+            continue
+        with_rows = {(r["real"], r["padded"]): r for r in env.check.get("with_plugin", [])}
+        for row in env.check.get("without_plugin", []):
+            batch = f"{row['real']} of {row['padded']}"
+            key = (row["real"], row["padded"])
+            lines.append(
+                f"{env.version:<14}{batch:>11} | {_without_cells(row)}| "
+                f"{_with_cell(with_rows.get(key))}"
+            )
+    ne = _experts(envs)
+    lines += [
+        "",
+        "NaN cells: non-finite values in the real rows; bad rows: real rows not bit-identical",
+        f"to the unpadded run; bad ids: expert ids outside [0, {ne}) that reached the MoE sort",
+        "(aiter's pre-fix HIP sort, emulated: on a GPU the behaviour is undefined); exact:",
+        "bit-identical. Each batch passes SGLang's padded-row count, as its expert-parallel",
+        "paths do (README: which paths pass none).",
+        "result: " + _verdict(envs) + f"  ({elapsed:.0f} s)",
+        "",
+        f"What ran (each check's full table, JSON and each audit: {shown(out_dir)}/):",
+    ]
+    for env in envs:
+        lines.append(f"  {shown(env.python)} -m sglang_amd_moe check --no-rebuilt")
+    lines.append("  and `-m sglang_amd_moe audit --json` with each of them")
+    return "\n".join(lines)
+
+
+def _version_key(version: str) -> tuple:
+    parts = []
+    for piece in version.replace("post", "").split("."):
+        parts.append(int(piece) if piece.isdigit() else -1)
+    return tuple(parts)
+
+
+def _device(envs: list[Env]) -> str:
+    for env in envs:
+        if env.check.get("device"):
+            return "the CPU" if env.check["device"] == "cpu" else str(env.check["device"])
+    return "the CPU"
+
+
+def _experts(envs: list[Env]) -> str:
+    for env in envs:
+        cfg = env.check.get("config") or {}
+        if cfg:
+            return str(cfg.get("routed_experts", 0) + cfg.get("shared_experts", 0))
+    return "NE"
+
+
+def _verdict(envs: list[Env]) -> str:
+    if any(env.check_status == 2 or not env.check for env in envs):
+        return "could not run everywhere (see above)"
+    if not all(env.check.get("ok") for env in envs):
+        return "FAIL: a row with the plugin does not match"
+    broken = [
+        env.version
+        for env in envs
+        if any(r["compare"]["match"] == "MISMATCH" for r in env.check.get("without_plugin", []))
+    ]
+    shows = f" ({', '.join(broken)}: wrong without it)" if broken else ""
+    return f"PASS: with the plugin every real row matches{shows}"
+
+
+def status(envs: list[Env]) -> int:
+    if any(env.check_status == 2 or not env.check or env.audit_status == 2 for env in envs):
         return 2
-    return check_status
+    return 0 if all(env.check.get("ok") for env in envs) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """See the module docstring."""
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    started = time.monotonic()
+    for python in args.python:
+        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            print(
+                f"sglang-amd-moe demo: --python {python}: not an executable file", file=sys.stderr
+            )
+            return 2
+    out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="sglang-amd-moe-demo-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pythons = [*args.python, sys.executable]
+    envs = [Env(py, f"env{i}", out_dir) for i, py in enumerate(pythons)]
+    taken: set[str] = set()
+    for env in envs:
+        run_audit(env, taken)
+    procs = [start_check(env, args.device) for env in envs]  # side by side
+    for env, proc in zip(envs, procs, strict=True):
+        finish_check(env, proc)
+    print(render(envs, out_dir, time.monotonic() - started), flush=True)
+    return status(envs)

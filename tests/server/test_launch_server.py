@@ -22,7 +22,7 @@ everything up to that point: this plugin loaded in the scheduler process started
 ``launch_server`` and its hook is live there (``SGLANG_AMD_MOE_VERIFY=1`` makes the hook
 live even on the `fixed` form 0.5.23 has). If the server ever comes up, the test sends a
 completion and checks the answer instead; if it stops anywhere else, it fails with the
-log, so the README's "Running it" section gets updated.
+log, so the "Running it" section of docs/reference.md gets updated.
 
 The server's extra packages are not in ``.venv``; the test runs when the interpreter
 named by ``SGLANG_AMD_MOE_TEST_SERVER_PYTHON`` (default: this one) has them, else it skips.
@@ -47,7 +47,8 @@ from tiny_checkpoint import write_checkpoint
 from sglang_amd_moe.diagnostics.e2e.model import TinyMoE, TinyMoEConfig
 
 SERVER_PY = os.environ.get("SGLANG_AMD_MOE_TEST_SERVER_PYTHON", sys.executable)
-# Modules launch_server imports beyond .venv's closure (package names in the README).
+# Modules launch_server imports beyond .venv's closure (package names: docs/reference.md,
+# "Running it").
 EXTRA_MODULES = (
     "fastapi",
     "uvicorn",
@@ -126,7 +127,10 @@ def _stop(proc: subprocess.Popen) -> None:
 def test_launch_server_on_cpu(tmp_path: Path) -> None:
     missing = _have_extras()
     if missing:
-        msg = f"{SERVER_PY} lacks the server's extra packages ({missing}); see README 'Running it'"
+        msg = (
+            f"{SERVER_PY} lacks the server's extra packages ({missing}); "
+            "see docs/reference.md, 'Running it'"
+        )
         # Asked for explicitly (make test): it must run.
         if "SGLANG_AMD_MOE_TEST_SERVER_PYTHON" in os.environ:
             pytest.fail(msg)
@@ -206,7 +210,7 @@ def test_launch_server_on_cpu(tmp_path: Path) -> None:
         assert KNOWN_STOP.search(text), (
             f"the server stopped somewhere new after {elapsed:.0f} s:\n{tail}"
         )
-        where = "where the README says (no vllm._custom_ops.rotary_embedding)"
+        where = "where docs/reference.md says (no vllm._custom_ops.rotary_embedding)"
         print(f"stopped {where} after {elapsed:.0f} s")
 
 
@@ -216,11 +220,15 @@ PLAIN_LINE = re.compile(r"^\[[^\]]+\] (sglang-amd-moe: .*)$", re.M)
 
 @pytest.mark.sglang
 def test_plain_server_log_shows_the_plugin_line(tmp_path: Path) -> None:
-    """The README's command as a user runs it: no probe, no SGLANG_AMD_MOE_* variable.
-    Each process that loads plugins (launcher, scheduler, detokenizer) logs the line once."""
+    """The command of docs/reference.md ("Running it") as a user runs it: no probe, no
+    SGLANG_AMD_MOE_* variable. Each process that loads plugins (launcher, scheduler,
+    detokenizer) logs the line once."""
     missing = _have_extras()
     if missing:
-        msg = f"{SERVER_PY} lacks the server's extra packages ({missing}); see README 'Running it'"
+        msg = (
+            f"{SERVER_PY} lacks the server's extra packages ({missing}); "
+            "see docs/reference.md, 'Running it'"
+        )
         if "SGLANG_AMD_MOE_TEST_SERVER_PYTHON" in os.environ:
             pytest.fail(msg)
         pytest.skip(msg)

@@ -6,7 +6,7 @@ check runs), attention weights random from the same seed, and a word-level token
 built locally with ``tokenizers`` (nothing downloaded). Test tooling: it needs
 ``safetensors`` and ``tokenizers`` (the ``test`` extra), which the package does not.
 
-Also a script, to launch a server by hand (README, "Running it")::
+Also a script, to launch a server by hand (docs/reference.md, "Running it")::
 
     python tests/server/tiny_checkpoint.py DIR
 """

@@ -1,8 +1,9 @@
 """The end-to-end padded-batch check behind ``sglang-amd-moe check`` (and ``demo``).
 
-It needs a real SGLang release in the environment (``pip install 'sglang-amd-moe[e2e]'``
-where none is installed); the plugin and the audit never import this package. Modules,
-one job each, in the order data flows through them:
+It needs a real SGLang release in the interpreter that runs it, the one the server runs
+with (the check says so, and exits 2, where there is none; it never installs one: the
+registry's SGLang pins CUDA torch); the plugin and the audit never import this package.
+Modules, one job each, in the order data flows through them:
 
 - :mod:`.run`: the orchestration (every form and batch, without and with the plugin);
 - :mod:`.model`: the small DeepSeek-style MoE model, built in memory;
