@@ -8,8 +8,9 @@ per tensor (they run on every eager call). The checks use explicit ``raise`` sta
 kernel writes anything, instead of turning into an opaque Triton error or, worse, an
 out-of-bounds or racing write on the GPU.
 
-Memory overlap is checked on address ranges: every tensor a kernel writes must share no
-byte with any other tensor of the call (one it reads or one it writes), and a routing
+Memory overlap is checked byte-exactly: every tensor a kernel writes must share no byte
+with any other tensor of the call (one it reads or one it writes), while tensors that
+only interleave (two column ranges of one buffer, say) are accepted; and a routing
 tensor's rows must not share memory with each other (an expanded, stride-0 tensor, say),
 since each row is written or read as a distinct token.
 """
@@ -25,6 +26,7 @@ from .utils import max_sorted_size
 __all__ = [
     "COUNT_DTYPES",
     "ID_DTYPES",
+    "MAX_GUARD_EXPERTS",
     "MAX_SORT_EXPERTS",
     "MAX_SORT_TOKENS",
     "MAX_SORT_TOPK",
@@ -32,6 +34,7 @@ __all__ = [
     "SORT_PROLOGUES",
     "WEIGHT_DTYPES",
     "check_count",
+    "check_guard_call",
     "check_int",
     "check_mask_args",
     "check_mask_call",
@@ -152,21 +155,80 @@ def check_routing_pair(
 
 
 # ------------------------------------------------------------------------------ overlap
-def _span(x: torch.Tensor) -> tuple[int, int] | None:
-    """The byte range ``[start, end)`` that ``x`` addresses, or None when it addresses
-    nothing (no elements, or no storage: the ``meta`` device)."""
+# A tensor's memory as a set of byte ranges: ``rows`` ranges of ``width`` bytes, ``pitch``
+# bytes apart, the first at ``start`` (``end``: where the last one ends). A contiguous
+# tensor is one range; a routing tensor (unit column stride) is one range per row, so
+# two tensors that interleave without sharing a byte (two column ranges of one buffer,
+# rows of one interleaved with rows of the other) are told apart from tensors that share
+# an element. Tuples, in this field order: (start, end, written, name, pitch, width, rows).
+Region = tuple[int, int, bool, str, int, int, int]
+
+# Rows compared at once by the exact check of two row sets whose pitches differ.
+_ROWS_PER_STEP = 1 << 16
+
+
+def _region(x: torch.Tensor, name: str, written: bool) -> Region | None:
+    """The byte ranges ``x`` addresses, or None when it addresses nothing (no elements,
+    or no storage: the ``meta`` device). A 2-D tensor of unit column stride whose rows do
+    not overlap is one range per row; anything else is its whole span, one range."""
     numel = x.numel()
     if numel == 0:
         return None
     start = x.data_ptr()
     if start == 0:  # meta tensors have no storage
         return None
+    size = x.element_size()
     if x.is_contiguous():
-        return start, start + numel * x.element_size()
+        end = start + numel * size
+        return start, end, written, name, end - start, end - start, 1
+    if x.dim() == 2:
+        rows, cols = x.shape
+        row_stride, col_stride = x.stride()
+        if (cols == 1 or col_stride == 1) and row_stride >= cols > 0:
+            pitch, width = row_stride * size, cols * size
+            return start, start + (rows - 1) * pitch + width, written, name, pitch, width, rows
     last = 0
-    for size, stride in zip(x.shape, x.stride(), strict=True):
-        last += (size - 1) * stride
-    return start, start + (last + 1) * x.element_size()
+    for n, stride in zip(x.shape, x.stride(), strict=True):
+        last += (n - 1) * stride
+    end = start + (last + 1) * size
+    return start, end, written, name, end - start, end - start, 1
+
+
+def _rows_after(s: torch.Tensor | int, b: Region) -> torch.Tensor | int:
+    """Index of the first row of ``b`` that ends after byte ``s`` (may be ``b``'s row
+    count: none does)."""
+    first = (s - b[0] - b[5]) // b[4] + 1
+    if isinstance(first, int):
+        return max(first, 0)
+    return first.clamp_(min=0)
+
+
+def _share_bytes(a: Region, b: Region) -> bool:
+    """Whether two regions whose spans overlap share a byte."""
+    a_start, _, _, _, pa, wa, ra = a
+    b_start, _, _, _, pb, wb, rb = b
+    if ra == 1 and rb == 1:
+        return True
+    if ra == 1 or rb == 1:
+        one, rows = (a, b) if ra == 1 else (b, a)
+        j = _rows_after(one[0], rows)
+        return j < rows[6] and rows[0] + j * rows[4] < one[0] + one[5]
+    if pa == pb:
+        # Row i of a and row j of b meet iff d = b_start - a_start + (j - i) * pitch lies in
+        # (-wb, wa): at most two values of k = j - i, each possible iff it is within
+        # [-(ra - 1), rb - 1].
+        d = b_start - a_start
+        k_lo = (-wb - d) // pa + 1
+        k_hi = -((d - wa) // pa) - 1
+        return max(k_lo, -(ra - 1)) <= min(k_hi, rb - 1)
+    # Different pitches (rare): test each row of a against the first row of b ending
+    # after its start, a step of rows at a time.
+    for i0 in range(0, ra, _ROWS_PER_STEP):
+        s = a_start + torch.arange(i0, min(ra, i0 + _ROWS_PER_STEP), dtype=torch.int64) * pa
+        j = _rows_after(s, b)
+        if bool(((j < rb) & (b_start + j * pb < s + wa)).any()):
+            return True
+    return False
 
 
 def check_disjoint(written: dict[str, torch.Tensor], read: dict[str, torch.Tensor]) -> None:
@@ -176,32 +238,30 @@ def check_disjoint(written: dict[str, torch.Tensor], read: dict[str, torch.Tenso
     custom op checks again when it runs."""
     if torch.compiler.is_compiling():
         return
-    spans = []
+    regions = []
     for names, is_written in ((written, True), (read, False)):
         for name, x in names.items():
-            span = _span(x)
-            if span is not None:
-                spans.append((span[0], span[1], is_written, name))
-    _check_spans(spans)
+            region = _region(x, name, is_written)
+            if region is not None:
+                regions.append(region)
+    _check_spans(regions)
 
 
-def _check_spans(spans: list[tuple[int, int, bool, str]]) -> None:
-    """``spans``: (start, end, written, name) byte ranges. One sort and one sweep: a
-    range that starts before the end of an earlier one overlaps the earlier one that
-    ends last."""
+def _check_spans(spans: list[Region]) -> None:
+    """Raise ``ValueError`` when a written region shares a byte with another region.
+    One sort by start, then each region is compared with the earlier ones whose span
+    it starts inside; a pair whose spans overlap is checked byte-exactly."""
     if len(spans) < 2:
         return
     spans.sort()
-    end_any, name_any = -1, ""  # the range that ends last so far
-    end_written, name_written = -1, ""  # the written range that ends last so far
-    for start, end, is_written, name in spans:
-        if start < (end_any if is_written else end_written):
-            other = name_any if is_written else name_written
-            raise ValueError(f"{other} and {name} overlap in memory")
-        if end > end_any:
-            end_any, name_any = end, name
-        if is_written and end > end_written:
-            end_written, name_written = end, name
+    end_any = -1  # where the region that ends last so far ends
+    for i, later in enumerate(spans):
+        if later[0] < end_any:  # rare: its span starts inside an earlier one's
+            for earlier in spans[:i]:
+                if later[0] < earlier[1] and (later[2] or earlier[2]):
+                    if _share_bytes(earlier, later):
+                        raise ValueError(f"{earlier[3]} and {later[3]} overlap in memory")
+        end_any = max(end_any, later[1])
 
 
 # --------------------------------------------------------------------------------- mask
@@ -246,11 +306,14 @@ def check_mask_call(
         ):
             start = x.data_ptr()
             if start:  # meta tensors have no storage
-                end = start + ((rows - 1) * stride + cols) * x.element_size()
-                spans.append((start, end, True, name))
+                size = x.element_size()
+                pitch, width = stride * size, cols * size
+                end = start + (rows - 1) * pitch + width
+                spans.append((start, end, True, name, pitch, width, rows))
         start = count.data_ptr()
         if start:
-            spans.append((start, start + count.element_size(), False, "num_token_non_padded"))
+            size = count.element_size()
+            spans.append((start, start + size, False, "num_token_non_padded", size, size, 1))
         _check_spans(spans)
     return count, rows, cols, stride_ids, stride_w
 
@@ -261,6 +324,42 @@ def check_mask_disjoint(
     """The mask writes both routing tensors and reads the count: no two may overlap."""
     written = {"topk_ids": topk_ids, "topk_weights": topk_weights}
     check_disjoint(written, {} if count is None else {"num_token_non_padded": count})
+
+
+# -------------------------------------------------------------------------------- guard
+# The guard compares ids with the expert count in int64; the count is an expert count,
+# far below this bound.
+MAX_GUARD_EXPERTS = 2**31 - 1
+
+
+def check_guard_call(
+    topk_ids: object, topk_weights: object, num_experts: object, num_local_tokens: object
+) -> tuple[torch.Tensor | None, int]:
+    """Validate ``guard_routing`` arguments; return ``(count or None, num_experts)``.
+
+    The routing tensors are only read (the guard writes new tensors), so any strides
+    are accepted, expanded rows and tensors that share memory included."""
+    topk_ids = check_tensor("topk_ids", topk_ids)
+    topk_weights = check_tensor("topk_weights", topk_weights)
+    for name, x, dtypes in (
+        ("topk_ids", topk_ids, ID_DTYPES),
+        ("topk_weights", topk_weights, WEIGHT_DTYPES),
+    ):
+        if x.dtype not in dtypes:
+            raise TypeError(f"{name} must have dtype in ({_dtype_names(dtypes)}), got {x.dtype}")
+        if x.dim() != 2:
+            raise ValueError(f"{name} must be 2-D [rows, topk], got shape {tuple(x.shape)}")
+    if topk_ids.shape != topk_weights.shape:
+        raise ValueError(
+            "topk_ids and topk_weights must have the same shape, got "
+            f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}"
+        )
+    device = topk_ids.device
+    if topk_weights.device != device:
+        raise ValueError(f"topk_ids is on {device} but topk_weights is on {topk_weights.device}")
+    num_experts = check_int("num_experts", num_experts, 1, MAX_GUARD_EXPERTS)
+    count = check_count("num_local_tokens", num_local_tokens, device)
+    return count, num_experts
 
 
 # --------------------------------------------------------------------------------- sort
@@ -315,7 +414,7 @@ def _check_out(
         raise ValueError(f"{name} needs at least {min_numel} elements, got {numel}")
     start = x.data_ptr()
     if numel and start:  # meta tensors have no storage
-        spans.append((start, start + 4 * numel, True, name))
+        spans.append((start, start + 4 * numel, True, name, 4 * numel, 4 * numel, 1))
     return x
 
 
@@ -331,7 +430,8 @@ def _check_zeroed(spans: list, name: str, x: object, device: torch.device) -> to
             raise ValueError(f"{name} must be contiguous")
         start = x.data_ptr()
         if start:
-            spans.append((start, start + numel * x.element_size(), True, name))
+            nbytes = numel * x.element_size()
+            spans.append((start, start + nbytes, True, name, nbytes, nbytes, 1))
     return x
 
 
@@ -372,7 +472,7 @@ def check_sort_args(
     )
     device = topk_ids.device
     bound = max_sorted_size(m, k, ne, mb)
-    spans: list[tuple[int, int, bool, str]] = []
+    spans: list[Region] = []
     i32, f32 = torch.int32, torch.float32
     _check_out(spans, "sorted_token_ids", sorted_token_ids, i32, bound, device)
     _check_out(spans, "sorted_expert_ids", sorted_expert_ids, i32, bound // mb, device)
@@ -390,8 +490,8 @@ def check_sort_args(
     if not torch.compiler.is_compiling():
         read = (topk_ids, "topk_ids"), (topk_weight, "topk_weight"), (count, "num_local_tokens")
         for x, name in read:
-            span = None if x is None else _span(x)
-            if span is not None:
-                spans.append((span[0], span[1], False, name))
+            region = None if x is None else _region(x, name, False)
+            if region is not None:
+                spans.append(region)
         _check_spans(spans)
     return m, ne, k, mb, count

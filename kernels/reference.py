@@ -1,9 +1,13 @@
 """Plain-torch references for the Triton kernels: slow, simple, obviously right.
 
 They define what the kernels must write; the CPU tests compare the kernels with them
-bit for bit, and :func:`sglang_amd_moe.kernels.mask_padded_rows_` falls back to the
-mask reference on the CPU when the Triton interpreter is off. They read the device
-count with ``.item()`` (a host sync) and use Python loops: never use them on a hot
+bit for bit, and the kernels fall back to them on the CPU when the Triton interpreter
+is off.
+
+The mask and guard references are a few torch ops that read the count on the device:
+no host synchronization, so they can be captured in a CUDA/HIP graph and replayed with
+new counts, and serve as a fallback on the call's own device. The sort reference reads
+the count with ``.item()`` (a host sync) and loops in Python: never use it on a hot
 path or inside a CUDA graph.
 """
 
@@ -11,8 +15,15 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import check_mask_args, check_sort_args
+from ._validate import check_guard_call, check_mask_args, check_sort_args
 from .utils import real_rows
+
+
+def _real_row_mask(count: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """``[num_rows, 1]`` bools: row ``r`` is real (``r < count``, the count clamped to
+    ``[0, num_rows]``), computed on the count's device without reading it on the host."""
+    n = count.reshape(()).to(torch.int64).clamp(0, num_rows)
+    return (torch.arange(num_rows, device=count.device) < n).unsqueeze(1)
 
 
 def mask_padded_rows_reference_(
@@ -23,14 +34,36 @@ def mask_padded_rows_reference_(
 ) -> None:
     """Rows ``r >= n`` get ``topk_ids[r, :] = fill_value`` and ``topk_weights[r, :] = 0``.
 
-    ``n`` is ``num_token_non_padded`` clamped to ``[0, rows]``; ``None`` means no padding.
+    ``n`` is ``num_token_non_padded`` clamped to ``[0, rows]``, read on the device;
+    ``None`` means no padding.
     """
     count = check_mask_args(topk_ids, topk_weights, num_token_non_padded, fill_value)
     if count is None:
         return
-    n = real_rows(count, topk_ids.shape[0])
-    topk_ids[n:] = fill_value
-    topk_weights[n:] = 0
+    padded = ~_real_row_mask(count, topk_ids.shape[0])
+    topk_ids.masked_fill_(padded, fill_value)
+    topk_weights.masked_fill_(padded, 0)
+
+
+def guard_routing_reference(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    num_local_tokens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """New contiguous ``(ids, weights)``: entry ``(r, k)`` keeps its id and weight when
+    ``0 <= id < num_experts`` and (with a count) ``r < n``, else id 0 and weight 0.
+
+    ``n`` is ``num_local_tokens`` clamped to ``[0, rows]``, read on the device; ``None``
+    means no padded row. The inputs are not written.
+    """
+    count, num_experts = check_guard_call(topk_ids, topk_weights, num_experts, num_local_tokens)
+    valid = (topk_ids >= 0) & (topk_ids < num_experts)
+    if count is not None:
+        valid &= _real_row_mask(count, topk_ids.shape[0])
+    ids = torch.where(valid, topk_ids, 0).contiguous()
+    weights = torch.where(valid, topk_weights, 0).contiguous()
+    return ids, weights
 
 
 def mxfp4_moe_sort_reference(

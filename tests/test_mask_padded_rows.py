@@ -290,3 +290,38 @@ def test_weights_on_another_device_raises() -> None:
     with pytest.raises(ValueError, match="topk_weights is on"):
         mask_padded_rows_(ids, torch.zeros(6, 4, device="meta"), count)
     assert bool((ids == 9999).all())
+
+
+# ------------------------------------------------- tensors that interleave but share nothing
+def test_ids_and_weights_as_two_column_ranges_of_one_buffer() -> None:
+    """Ids and weights side by side in one row-major buffer share no element: accepted,
+    and only their own columns change. One column more and they share one: refused."""
+    M, K, n = 12, 4, 5
+    buf = torch.randint(1, 100, (M, 2 * K + 1), dtype=torch.int32, device=DEV)
+    buf[:, K:] = torch.rand(M, K + 1, device=DEV).view(torch.int32)
+    ref = buf.clone()
+    mask_padded_rows_reference_(ref[:, :K], ref.view(torch.float32)[:, K : 2 * K], _count(n), 0)
+    mask_padded_rows_(buf[:, :K], buf.view(torch.float32)[:, K : 2 * K], _count(n))
+    assert torch.equal(buf, ref)
+    assert bool((buf[n:, :K] == 0).all()) and bool((buf[n:, 2 * K] != 0).all())
+    with pytest.raises(ValueError, match="overlap in memory"):
+        mask_padded_rows_(buf[:, : K + 1], buf.view(torch.float32)[:, K : 2 * K + 1], _count(n))
+
+
+def test_interleaved_rows_of_one_buffer() -> None:
+    """Rows of ids and rows of weights alternating in one buffer (``[M, 2, K + 1]``
+    viewed as two strided ``[M, K]`` tensors), and the count in a gap between rows."""
+    M, K, n = 9, 11, 4
+    buf = torch.zeros(M, 2, K + 1, dtype=torch.int32, device=DEV)
+    buf[:, 0, :K] = torch.randint(1, 50, (M, K), dtype=torch.int32, device=DEV)
+    buf[:, 1, :K] = torch.rand(M, K, device=DEV).view(torch.int32)
+    buf[:, :, K] = 77
+    buf[2, 0, K] = n
+    ids, w, count = buf[:, 0, :K], buf.view(torch.float32)[:, 1, :K], buf[2, 0, K:]
+    ref = buf.clone()
+    ref[n:, :, :K] = 0
+    mask_padded_rows_(ids, w, count)
+    assert torch.equal(buf, ref)
+    # The count inside a row of ids is refused (the mask writes that row).
+    with pytest.raises(ValueError, match="overlap in memory"):
+        mask_padded_rows_(ids, w, buf[2, 0, 3:4])

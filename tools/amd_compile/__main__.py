@@ -1,8 +1,12 @@
 """Command line of the compile gate (run from the repository root).
 
-    python -m tools.amd_compile sweep [--jobs N]   compile everything, rewrite
+    python -m tools.amd_compile sweep [--jobs N] [--reuse]
+                                                  compile everything, rewrite
                                                   tools/amd_compile/results.json and
-                                                  docs/amd.md (make amd-compile)
+                                                  docs/amd.md (make amd-compile);
+                                                  --reuse: keep the committed numbers
+                                                  of the keys the results hold and
+                                                  compile only the others
     python -m tools.amd_compile check [--json F] [--render-docs F]
                                                   the gate of make test: reuse the
                                                   committed results, compile what they
@@ -43,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--jobs", type=int, default=2, help="compiler processes")
         if name != "check":
             p.add_argument("--docs", type=Path, default=DOCS_PATH, help="docs/amd.md to write")
+        if name == "sweep":
+            p.add_argument(
+                "--reuse",
+                action="store_true",
+                help="compile only the keys the results file lacks (keep its other numbers)",
+            )
     check_p = sub.choices["check"]
     check_p.add_argument("--json", type=Path, help="write the full report here")
     check_p.add_argument(
@@ -69,13 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         from . import gate
 
         if args.command == "sweep":
-            out = gate.sweep(args.jobs, _progress)
+            reuse = results.load(results_path) if args.reuse else None
+            out = gate.sweep(args.jobs, _progress, reuse)
             results.save(out["triton"], out["entries"], results_path)
             args.docs.write_text(report.render(out["triton"], out["entries"]))
             failing = gate.evaluate(out["entries"])
             print(
-                f"{len(out['entries'])} compilations with Triton {out['triton']} "
-                f"({out['seconds']}); {len(failing)} break the policy"
+                f"{len(out['entries'])} compilations with Triton {out['triton']}, "
+                f"{out['compiled']} compiled now ({out['seconds']}); "
+                f"{len(failing)} break the policy"
             )
             for f in failing:
                 print(f"  {f['target']} {f['kernel']} [{f['key']}]: {'; '.join(f['problems'])}")

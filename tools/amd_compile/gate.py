@@ -118,18 +118,35 @@ def evaluate(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return failing
 
 
-def sweep(jobs: int = 1, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Compile every unique compilation; return the entries and timings."""
+def sweep(
+    jobs: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    reuse: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Compile every unique compilation; return the entries and timings.
+
+    ``reuse``: committed results (of this Triton version) whose numbers are kept for the
+    keys they hold, so only the compilations they lack are compiled. A key hashes
+    everything that determines a compilation's code, so a held key's numbers are what
+    compiling it gives (``check`` recompiles some of them and requires identical ones).
+    """
     t0 = time.monotonic()
     found = collect()
     t1 = time.monotonic()
+    held = {}
+    if reuse is not None and reuse.get("triton") == triton.__version__:
+        held = reuse["entries"]
     keys = sorted(found)
-    resources = compile_many([found[k].spec for k in keys], jobs, progress)
+    todo = [k for k in keys if k not in held]
+    fresh = dict(
+        zip(todo, compile_many([found[k].spec for k in todo], jobs, progress), strict=True)
+    )
     t2 = time.monotonic()
-    entries = [found[k].entry(r) for k, r in zip(keys, resources, strict=True)]
+    entries = [found[k].entry(fresh[k] if k in fresh else held[k]["resources"]) for k in keys]
     return {
         "triton": triton.__version__,
         "entries": entries,
+        "compiled": len(todo),
         "seconds": {"collect": round(t1 - t0, 1), "compile": round(t2 - t1, 1)},
     }
 

@@ -7,9 +7,10 @@ run), inside ``capture_launches()``, so what gets compiled is exactly what the p
 own launch planning asks for at that shape. When the kernels or their planning change,
 the captured launches change with them.
 
-The cases span what callers pass: the mask over M = 1..65536 rows, int32/int64 ids,
-float32/bfloat16 weights (and float16 weights or an int64 count at a few row counts),
-contiguous tensors and row-strided ones (a column slice of a wider buffer); the sort over
+The cases span what callers pass: the mask and the guard over M = 1..65536 rows,
+int32/int64 ids, float32/bfloat16 weights (and float16 weights or an int64 count at a
+few row counts), contiguous tensors and row-strided ones (a column slice of a wider
+buffer; the guard also transposed ones), the guard with and without a count; the sort over
 (NE, TOPK) in {(257, 9), (513, 11), (896, 16)}, MB in {16, 32, 64, 128}, the same M range,
 prologue 0 and 1, with and without a device count, with and without ``bf16_zero_out``.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from sglang_amd_moe.kernels import mask_padded_rows_, mxfp4_moe_sort
+from sglang_amd_moe.kernels import guard_routing, mask_padded_rows_, mxfp4_moe_sort
 from sglang_amd_moe.kernels.utils import Launch, capture_launches, max_sorted_size
 
 META = torch.device("meta")
@@ -96,6 +97,38 @@ def mask_cases() -> Iterator[Case]:
             yield _mask_case(m, 9, torch.int32, torch.float32, torch.int64, layout)
 
 
+def _guard_case(m: int, topk: int, ids, weights, count, layout: str) -> Case:
+    return Case(
+        "guard_routing",
+        (
+            ("M", m),
+            ("topk", topk),
+            ("ids", ids),
+            ("weights", weights),
+            ("count", count),
+            ("layout", layout),
+        ),
+    )
+
+
+def guard_cases() -> Iterator[Case]:
+    """As the mask's, with and without a count (aiter's calls mostly pass none), plus
+    transposed inputs at a few row counts (the strided path at a column stride)."""
+    layouts = ("contiguous", "row-strided")
+    for m in M_VALUES:
+        for topk in MASK_TOPK:
+            for ids in (torch.int32, torch.int64):
+                for weights in (torch.float32, torch.bfloat16):
+                    for count in (None, torch.int32):
+                        for layout in layouts:
+                            yield _guard_case(m, topk, ids, weights, count, layout)
+    for m in (1, 100, 4096):
+        for layout in layouts:
+            yield _guard_case(m, 9, torch.int32, torch.float16, None, layout)
+            yield _guard_case(m, 9, torch.int32, torch.float32, torch.int64, layout)
+        yield _guard_case(m, 8, torch.int64, torch.bfloat16, torch.int32, "transposed")
+
+
 def sort_cases() -> Iterator[Case]:
     for ne, topk in SORT_SHAPES:
         for mb in SORT_BLOCKS:
@@ -118,7 +151,7 @@ def sort_cases() -> Iterator[Case]:
 
 
 def all_cases() -> list[Case]:
-    return [*mask_cases(), *sort_cases()]
+    return [*mask_cases(), *guard_cases(), *sort_cases()]
 
 
 def _routing(m: int, topk: int, ids: torch.dtype, weights: torch.dtype, strided: bool):
@@ -140,6 +173,21 @@ def _call_mask(case: Case) -> None:
     )
     count = torch.empty(1, dtype=case.param("count"), device=META)
     mask_padded_rows_(ids, weights, count)
+
+
+def _call_guard(case: Case) -> None:
+    m, topk = case.param("M"), case.param("topk")
+    layout = case.param("layout")
+    if layout == "transposed":
+        ids = torch.empty(topk, m, dtype=case.param("ids"), device=META).t()
+        weights = torch.empty(topk, m, dtype=case.param("weights"), device=META).t()
+    else:
+        ids, weights = _routing(
+            m, topk, case.param("ids"), case.param("weights"), layout == "row-strided"
+        )
+    count_dtype = case.param("count")
+    count = None if count_dtype is None else torch.empty(1, dtype=count_dtype, device=META)
+    guard_routing(ids, weights, 257, count)
 
 
 def _call_sort(case: Case) -> None:
@@ -173,7 +221,11 @@ def _call_sort(case: Case) -> None:
     )
 
 
-_CALLS = {"mask_padded_rows_": _call_mask, "mxfp4_moe_sort": _call_sort}
+_CALLS = {
+    "mask_padded_rows_": _call_mask,
+    "guard_routing": _call_guard,
+    "mxfp4_moe_sort": _call_sort,
+}
 
 
 def capture(case: Case) -> list[Launch]:

@@ -1,0 +1,248 @@
+"""Guard MoE routing before aiter sorts it: new ids and weights with every invalid entry
+turned into expert 0 with weight 0, in one Triton launch.
+
+Why this exists: aiter's MoE kernels index their tables with the expert ids and cannot
+take an id outside ``[0, E)``: the -1 that vLLM writes for skipped padded rows, the
+garbage ids of CUDA-graph padded rows that no count marks, the id ``E`` a router emits
+for an all-NaN gating row. Any one of them faults the GPU or corrupts real tokens.
+:func:`guard_routing` hands the caller's routing to aiter in a form it can take:
+
+* every id ``< 0`` or ``>= E`` becomes expert 0 with weight 0;
+* with a count ``n`` (``num_local_tokens``, a 1-element int tensor read on the device
+  and clamped to ``[0, M]``), the rows at and beyond ``n`` get expert 0 and weight 0 too;
+* every other entry is copied bit for bit: an id in range is never changed (SGLang's
+  sink slot, an id ``E - 1`` with an expert mask of ``E`` entries, passes through), and a
+  real entry's weight keeps its bits, NaN and Inf included.
+
+It returns NEW tensors and never writes the caller's: callers read their ids and
+weights again after the MoE (SGLang keeps them for the combine step, recorders and
+expert-load statistics read them). Ids are compared in int64, so no int64 id wraps into
+range. One launch, no allocation besides the two outputs, no host synchronization: a
+captured graph replays with new counts and new ids.
+
+Layouts: the outputs are contiguous ``[M, K]`` tensors of the inputs' dtypes. The inputs
+may have any strides (column slices, transposes, expanded rows): they are only read.
+
+It is a ``torch.library`` custom op (``torch.ops.sglang_amd_moe.guard_routing``) with a
+fake implementation, so ``torch.compile`` can trace through it; eager calls skip the
+dispatcher. On the CPU it runs the Triton kernel through the interpreter when Triton was
+imported with ``TRITON_INTERPRET=1``, and :func:`guard_routing_reference` otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ._validate import check_guard_call
+from .reference import guard_routing_reference
+from .utils import KernelLauncher, device_guard, launcher, triton_backend
+
+# Elements per program. Contiguous inputs: a run of consecutive elements; strided ones:
+# rows x next_pow2(K) columns. Every element is read and written (the outputs are new),
+# so this is a copy: 512 elements per program keep M = 4096 at 64-88 programs.
+FLAT_BLOCK = 512
+ROWS_BLOCK = 512
+FLAT_NUM_WARPS = 8
+ROWS_NUM_WARPS = 4
+
+
+@triton.jit(
+    do_not_specialize=[
+        "num_rows",
+        "num_cols",
+        "stride_ids_row",
+        "stride_ids_col",
+        "stride_w_row",
+        "stride_w_col",
+        "num_experts",
+    ]
+)
+def _guard_routing_kernel(
+    ids_ptr,
+    w_ptr,
+    count_ptr,
+    out_ids_ptr,
+    out_w_ptr,
+    num_rows,
+    num_cols,
+    stride_ids_row,
+    stride_ids_col,
+    stride_w_row,
+    stride_w_col,
+    num_experts,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FLAT: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr,
+):
+    """Each program copies its tile of ids and weights into the outputs, with expert 0
+    and weight 0 where the entry is invalid (id outside ``[0, num_experts)``, or a row at
+    or past the count).
+
+    ``FLAT`` (both inputs contiguous): program ``p`` covers elements ``[p * BLOCK_M *
+    BLOCK_K, (p + 1) * BLOCK_M * BLOCK_K)`` of the flattened tensors (``BLOCK_K`` is 1),
+    and the real rows are the elements below ``n * num_cols``. Otherwise program ``p``
+    covers rows ``[p * BLOCK_M, (p + 1) * BLOCK_M)`` with their ``BLOCK_K >= num_cols``
+    columns, read at each input's own strides. ``INT64_OFFSETS``: the tensors have
+    ``2**31`` elements or more (flat path; the strided path always uses int64).
+    """
+    if FLAT:
+        if INT64_OFFSETS:
+            start = tl.program_id(0).to(tl.int64) * (BLOCK_M * BLOCK_K)
+            total = num_rows.to(tl.int64) * num_cols
+        else:
+            start = tl.program_id(0) * (BLOCK_M * BLOCK_K)
+            total = num_rows * num_cols
+        offs = start + tl.arange(0, BLOCK_M * BLOCK_K)
+        inside = offs < total
+        ids = tl.load(ids_ptr + offs, mask=inside, other=0)
+        w = tl.load(w_ptr + offs, mask=inside, other=0)
+        out_offs = offs
+        if HAS_COUNT:
+            # Clamp in int64 before narrowing: an int64 count past 2**31 must not wrap.
+            n = tl.minimum(tl.maximum(tl.load(count_ptr).to(tl.int64), 0), num_rows)
+            if INT64_OFFSETS:
+                real = offs < n * num_cols
+            else:
+                real = offs < n.to(tl.int32) * num_cols
+    else:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.arange(0, BLOCK_K)
+        inside = (rows < num_rows)[:, None] & (cols < num_cols)[None, :]
+        rows64 = rows.to(tl.int64)[:, None]
+        cols64 = cols.to(tl.int64)[None, :]
+        ids = tl.load(
+            ids_ptr + rows64 * stride_ids_row + cols64 * stride_ids_col, mask=inside, other=0
+        )
+        w = tl.load(w_ptr + rows64 * stride_w_row + cols64 * stride_w_col, mask=inside, other=0)
+        out_offs = rows64 * num_cols + cols64
+        if HAS_COUNT:
+            n = tl.minimum(tl.maximum(tl.load(count_ptr).to(tl.int64), 0), num_rows)
+            real = (rows.to(tl.int64) < n)[:, None]
+    # Compare in int64: an int64 id such as 2**32 must not pass as 0 after narrowing.
+    ids64 = ids.to(tl.int64)
+    valid = (ids64 >= 0) & (ids64 < num_experts)
+    if HAS_COUNT:
+        valid = valid & real
+    tl.store(out_ids_ptr + out_offs, tl.where(valid, ids, tl.zeros_like(ids)), mask=inside)
+    tl.store(out_w_ptr + out_offs, tl.where(valid, w, tl.zeros_like(w)), mask=inside)
+
+
+def guard_launch_config(num_rows: int, num_cols: int, flat: bool) -> tuple[int, int, int]:
+    """``(grid, BLOCK_M, BLOCK_K)`` for ``[num_rows, num_cols]`` routing tensors."""
+    if flat:
+        block = min(FLAT_BLOCK, triton.next_power_of_2(max(num_rows * num_cols, 1)))
+        return triton.cdiv(num_rows * num_cols, block), block, 1
+    block_k = triton.next_power_of_2(max(num_cols, 1))
+    block_m = max(1, min(triton.next_power_of_2(max(num_rows, 1)), ROWS_BLOCK // block_k))
+    return triton.cdiv(num_rows, block_m), block_m, block_k
+
+
+@functools.lru_cache(maxsize=4096)
+def guard_program(
+    num_rows: int, num_cols: int, flat: bool, has_count: bool
+) -> tuple[KernelLauncher, tuple[int]]:
+    """The launcher (constants bound) and grid for one shape, built once and cached."""
+    grid, block_m, block_k = guard_launch_config(num_rows, num_cols, flat)
+    return launcher(
+        _guard_routing_kernel,
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        FLAT=flat,
+        HAS_COUNT=has_count,
+        INT64_OFFSETS=flat and num_rows * num_cols >= 2**31,
+        num_warps=FLAT_NUM_WARPS if flat else ROWS_NUM_WARPS,
+    ), (grid,)
+
+
+def _launch_guard(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    count: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The launch itself, on checked arguments: returns the two new tensors."""
+    rows, cols = topk_ids.shape
+    device = topk_ids.device
+    if triton_backend(device) == "torch-reference":
+        return guard_routing_reference(topk_ids, topk_weights, num_experts, count)
+    out_ids = torch.empty((rows, cols), dtype=topk_ids.dtype, device=device)
+    out_w = torch.empty((rows, cols), dtype=topk_weights.dtype, device=device)
+    if rows == 0 or cols == 0:
+        return out_ids, out_w
+    s_ids, s_w = topk_ids.stride(), topk_weights.stride()
+    flat = topk_ids.is_contiguous() and topk_weights.is_contiguous()
+    kernel, grid = guard_program(rows, cols, flat, count is not None)
+    with device_guard(device):
+        kernel(
+            grid,
+            topk_ids,
+            topk_weights,
+            topk_ids if count is None else count,  # placeholder when absent: never read
+            out_ids,
+            out_w,
+            rows,
+            cols,
+            s_ids[0],
+            s_ids[1],
+            s_w[0],
+            s_w[1],
+            num_experts,
+        )
+    return out_ids, out_w
+
+
+@torch.library.custom_op("sglang_amd_moe::guard_routing", mutates_args=())
+def _guard_routing_op(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    num_local_tokens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch_guard(topk_ids, topk_weights, num_experts, num_local_tokens)
+
+
+@_guard_routing_op.register_fake
+def _guard_routing_fake(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    num_local_tokens: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, cols = topk_ids.shape
+    return (
+        topk_ids.new_empty((rows, cols)),
+        topk_weights.new_empty((rows, cols)),
+    )
+
+
+def guard_routing(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    num_local_tokens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """New ``(ids, weights)`` that aiter's MoE can take; the inputs are never written.
+
+    Entry ``(r, k)`` keeps its id and its weight's bits when ``0 <= topk_ids[r, k] <
+    num_experts`` and, with a count, ``r < n``; otherwise it becomes id 0, weight 0.
+    ``n`` is ``num_local_tokens`` (a 1-element int32/int64 tensor on the routing tensors'
+    device, read on the device, clamped to ``[0, M]``); ``None``: no row is padded.
+
+    ``topk_ids`` int32 or int64 and ``topk_weights`` float32, bfloat16 or float16, both
+    ``[M, K]`` on one device, any strides; ``num_experts`` an int in ``[1, 2**31 - 1]``.
+    The outputs are contiguous, of the inputs' dtypes. Bad inputs raise
+    ``TypeError``/``ValueError`` before anything is launched. No host synchronization;
+    capturable in a CUDA/HIP graph.
+    """
+    count, num_experts = check_guard_call(topk_ids, topk_weights, num_experts, num_local_tokens)
+    if torch.compiler.is_compiling():
+        return _guard_routing_op(topk_ids, topk_weights, num_experts, count)
+    # Eagerly (and under graph capture), skip the dispatcher: it costs more host time
+    # than the launch itself.
+    return _launch_guard(topk_ids, topk_weights, num_experts, count)
