@@ -69,8 +69,14 @@ from ._validate import (
 )
 from .reference import mxfp4_moe_sort_reference
 from .utils import (
+    DirectProgram,
     KernelLauncher,
+    bounded_put,
+    capture_launches,
     device_guard,
+    direct_calls_allowed,
+    hip_buffers_small,
+    launch_and_keep,
     launcher,
     max_sorted_size,
     scratch,
@@ -156,7 +162,7 @@ def _expert_of(ids_ptr, idx, limit, bound, stride_ids, NE: tl.constexpr, TOPK: t
     return tl.where(valid, e, NE).to(tl.int32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _sort_count_kernel(
     ids_ptr,
     count_ptr,
@@ -235,7 +241,7 @@ def _sort_offsets_kernel(
     tl.store(offsets + num_groups.to(tl.int64) * NE + experts, running, mask=live)
 
 
-@triton.jit(do_not_specialize=["num_chunks", "num_sort_programs", "offsets_at"])
+@triton.jit(do_not_specialize=["M", "num_chunks", "num_sort_programs", "offsets_at"])
 def _sort_place_kernel(
     ids_ptr,
     w_ptr,
@@ -544,9 +550,9 @@ def _launch_sort(
     k: int,
     mb: int,
     count: torch.Tensor | None,
-) -> None:
+) -> torch.Tensor | None:
     """The launches of one sort, on checked arguments (Triton backends only);
-    ``zero_out``: the buffer to zero, if any."""
+    ``zero_out``: the buffer to zero, if any. Returns the scratch buffer taken, if any."""
     zero_numel = 0 if zero_out is None else zero_out.numel()
     prog = sort_program(m, ne, k, mb, zero_numel, count is not None)
     plan = prog.plan
@@ -584,6 +590,41 @@ def _launch_sort(
             prog.sort_programs,
             zero_numel,
         )
+    return None if plan.single else buf
+
+
+def _sort_direct_program(
+    launches: list,
+    buf: torch.Tensor | None,
+    callers: list[torch.Tensor],
+    extents: tuple[int, ...],
+    written: tuple[bool, ...],
+    own: list[torch.Tensor],
+    m: int,
+    ne: int,
+    k: int,
+    mb: int,
+    zero_numel: int,
+    has_count: bool,
+    device: torch.device,
+) -> DirectProgram | None:
+    """Launch what a first call of a signature recorded, and keep its direct program
+    (with the plan's scratch buffer, when it takes one)."""
+    plan = sort_program(m, ne, k, mb, zero_numel, has_count).plan
+    scratch_spec = None
+    if buf is not None:
+        own = [*own, buf]
+        scratch_spec = ("moe_sort", plan.scratch_elems)
+    return launch_and_keep(launches, device, callers, extents, written, own, scratch_spec)
+
+
+# Direct programs by call signature (see mxfp4_moe_sort and adaptive_moe_sort).
+_DIRECT: dict[tuple, DirectProgram] = {}
+_ADAPTIVE_DIRECT: dict[tuple, tuple[DirectProgram, tuple]] = {}
+
+
+def _meta(x: torch.Tensor) -> tuple:
+    return x.shape, x.stride(), x.dtype, x.device
 
 
 def mxfp4_moe_sort(
@@ -629,6 +670,60 @@ def mxfp4_moe_sort(
     other or with the inputs. Bad inputs raise ``TypeError``/``ValueError`` before
     anything is written. No host synchronization; capturable in a CUDA/HIP graph.
     """
+    key = None
+    count = num_local_tokens
+    if (
+        not torch.compiler.is_compiling()
+        and direct_calls_allowed()
+        and type(M_logical) is int
+        and type(NE) is int
+        and type(TOPK) is int
+        and type(D_HIDDEN) is int
+        and type(D_INTER) is int
+        and type(MB) is int
+        and type(prologue) is int
+    ):
+        try:
+            key = (
+                topk_ids.shape, topk_ids.stride(), topk_ids.dtype, topk_ids.device,
+                topk_weight.shape, topk_weight.stride(), topk_weight.dtype, topk_weight.device,
+                sorted_token_ids.shape, sorted_token_ids.stride(), sorted_token_ids.dtype,
+                sorted_token_ids.device,
+                sorted_expert_ids.shape, sorted_expert_ids.stride(), sorted_expert_ids.dtype,
+                sorted_expert_ids.device,
+                cumsum_tensor.shape, cumsum_tensor.stride(), cumsum_tensor.dtype,
+                cumsum_tensor.device,
+                reverse_sorted.shape, reverse_sorted.stride(), reverse_sorted.dtype,
+                reverse_sorted.device,
+                sorted_weights.shape, sorted_weights.stride(), sorted_weights.dtype,
+                sorted_weights.device,
+                m_indices.shape, m_indices.stride(), m_indices.dtype, m_indices.device,
+                bf16_zero_out.shape, bf16_zero_out.stride(), bf16_zero_out.dtype,
+                bf16_zero_out.device,
+                bf16_zero_workspace.shape, bf16_zero_workspace.stride(),
+                bf16_zero_workspace.dtype, bf16_zero_workspace.device,
+                M_logical, NE, TOPK, D_HIDDEN, D_INTER, MB, prologue,
+                None if count is None else (count.shape, count.dtype, count.device),
+            )  # fmt: skip
+            program = _DIRECT.get(key)
+        except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
+            key = program = None
+        if program is not None:
+            ptrs = (
+                topk_ids.data_ptr(), topk_weight.data_ptr(), sorted_token_ids.data_ptr(),
+                sorted_expert_ids.data_ptr(), cumsum_tensor.data_ptr(),
+                reverse_sorted.data_ptr(), sorted_weights.data_ptr(), m_indices.data_ptr(),
+                bf16_zero_out.data_ptr(), bf16_zero_workspace.data_ptr(),
+            )  # fmt: skip
+            if count is not None:
+                ptrs = (*ptrs, count.data_ptr())
+            if program.clear(ptrs) and hip_buffers_small(
+                topk_ids, topk_weight, sorted_token_ids, sorted_weights, m_indices, bf16_zero_out
+            ):
+                program.launch(ptrs)
+                if bf16_zero_workspace.numel() > 0:
+                    bf16_zero_workspace.zero_()
+                return
     args = (
         topk_ids, topk_weight, sorted_token_ids, sorted_expert_ids, cumsum_tensor,
         reverse_sorted, sorted_weights, m_indices, bf16_zero_out, bf16_zero_workspace,
@@ -638,12 +733,82 @@ def mxfp4_moe_sort(
     if triton_backend(topk_ids.device) == "torch-reference":
         mxfp4_moe_sort_reference(*args)
         return
-    _launch_sort(
+    launch = (
         topk_ids, topk_weight, sorted_token_ids, sorted_expert_ids, cumsum_tensor,
         reverse_sorted, sorted_weights, m_indices, bf16_zero_out, m, ne, k, mb, count,
     )  # fmt: skip
+    if key is None:
+        _launch_sort(*launch)
+    else:
+        # The first call of this signature: launch, and keep its direct program.
+        with capture_launches() as launches:
+            buf = _launch_sort(*launch)
+        callers = [
+            topk_ids, topk_weight, sorted_token_ids, sorted_expert_ids, cumsum_tensor,
+            reverse_sorted, sorted_weights, m_indices, bf16_zero_out, bf16_zero_workspace,
+        ]  # fmt: skip
+        extents = tuple(_extent(x) for x in callers)
+        written = (False, False) + (True,) * 8
+        if count is not None:
+            callers.append(count)
+            extents += (count.element_size(),)
+            written += (False,)
+        program = _sort_direct_program(
+            launches, buf, callers, extents, written, [], m, ne, k, mb,
+            bf16_zero_out.numel(), count is not None, topk_ids.device,
+        )  # fmt: skip
+        if program is not None:
+            bounded_put(_DIRECT, key, program)
     if bf16_zero_workspace.numel() > 0:
         bf16_zero_workspace.zero_()
+
+
+def _extent(x: torch.Tensor) -> int:
+    """Bytes from a checked tensor's first element to the end of its last (0 if empty)."""
+    if x.numel() == 0:
+        return 0
+    last = sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True))
+    return (last + 1) * x.element_size()
+
+
+@dataclass(frozen=True)
+class AdaptiveLayout:
+    """Where :func:`adaptive_moe_sort`'s int32/float32 outputs lie in its one int32
+    arena: ``sizes`` splits it (outputs and 16-byte pads alternating), ``offsets`` are
+    the outputs' first elements; ``moe_shape`` is ``moe_buf``'s."""
+
+    total: int
+    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    moe_shape: tuple[int, int]
+
+
+@functools.lru_cache(maxsize=4096)
+def adaptive_layout(M: int, topk: int, NE: int, BM: int, model_dim: int, atomic: bool):
+    """The arena layout of one shape: sorted_token_ids, sorted_expert_ids, num_valid_ids,
+    reverse_sorted, sorted_weights, m_indices (sizes as aiter's ``_adaptive_moe_sort``)."""
+    max_sorted = max_sorted_size(M, topk, NE, BM)
+    numels = (max_sorted, max_sorted // BM, 2, M * topk, max_sorted, max_sorted)
+    sizes, offsets, at = [], [], 0
+    for n in numels:
+        pad = -n % 4  # keep every output 16-byte aligned
+        sizes += [n, pad]
+        offsets.append(at)
+        at += n + pad
+    return AdaptiveLayout(at, tuple(sizes), tuple(offsets), (M, model_dim) if atomic else (0, 0))
+
+
+def _adaptive_outputs(
+    layout: AdaptiveLayout, moebuf_dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """``(sorted_token_ids, sorted_expert_ids, num_valid_ids, reverse_sorted,
+    sorted_weights, m_indices, moe_buf)``: one int32 arena split in one call, and
+    ``moe_buf``."""
+    parts = torch.empty(layout.total, dtype=torch.int32, device=device).split(layout.sizes)
+    moe_buf = torch.empty(layout.moe_shape, dtype=moebuf_dtype, device=device)
+    return (
+        parts[0], parts[2], parts[4], parts[6], parts[8].view(torch.float32), parts[10], moe_buf,
+    )  # fmt: skip
 
 
 def adaptive_moe_sort(
@@ -669,6 +834,42 @@ def adaptive_moe_sort(
     in aiter) and ``[0, 0]`` otherwise. Only the inputs are checked: the outputs are
     this function's own fresh buffers.
     """
+    key = None
+    count = num_local_tokens
+    if (
+        not torch.compiler.is_compiling()
+        and direct_calls_allowed()
+        and type(num_experts) is int
+        and type(topk) is int
+        and type(block_size) is int
+        and type(model_dim) is int
+    ):
+        try:
+            key = (
+                topk_ids.shape, topk_ids.stride(), topk_ids.dtype, topk_ids.device,
+                topk_weights.shape, topk_weights.stride(), topk_weights.dtype,
+                topk_weights.device, num_experts, topk, block_size, model_dim, bool(atomic),
+                moebuf_dtype, None if count is None else (count.shape, count.dtype, count.device),
+            )  # fmt: skip
+            found = _ADAPTIVE_DIRECT.get(key)
+        except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
+            key = found = None
+        if found is not None:
+            program, layout = found
+            device = key[3]
+            outs = _adaptive_outputs(layout, moebuf_dtype, device)
+            base = outs[0].data_ptr()
+            o = layout.offsets
+            ptrs = (
+                topk_ids.data_ptr(), topk_weights.data_ptr(), base, base + 4 * o[1],
+                base + 4 * o[2], base + 4 * o[3], base + 4 * o[4], base + 4 * o[5],
+                outs[6].data_ptr(),
+            )  # fmt: skip
+            if count is not None:
+                ptrs = (*ptrs[:2], count.data_ptr(), *ptrs[2:])
+            if program.clear(ptrs) and hip_buffers_small(topk_ids, topk_weights):
+                program.launch(ptrs)
+                return _adaptive_result(outs, emit_aux)
     topk_ids = check_tensor("topk_ids", topk_ids)
     if topk_ids.dim() != 2:
         raise ValueError(f"topk_ids must be 2-D [rows, topk], got shape {tuple(topk_ids.shape)}")
@@ -678,15 +879,10 @@ def adaptive_moe_sort(
     )  # fmt: skip
     model_dim = check_int("model_dim", model_dim, 0)
     device = topk_ids.device
-    max_sorted = max_sorted_size(M, topk, num_experts, BM)
-    i32 = torch.int32
-    sorted_token_ids = torch.empty(max_sorted, dtype=i32, device=device)
-    sorted_expert_ids = torch.empty(max_sorted // BM, dtype=i32, device=device)
-    num_valid_ids = torch.empty(2, dtype=i32, device=device)
-    sorted_weights = torch.empty(max_sorted, dtype=torch.float32, device=device)
-    reverse_sorted = torch.empty(M * topk, dtype=i32, device=device)
-    m_indices = torch.empty(max_sorted, dtype=i32, device=device)
-    moe_buf = torch.empty((M, model_dim) if atomic else (0, 0), dtype=moebuf_dtype, device=device)
+    layout = adaptive_layout(M, topk, num_experts, BM, model_dim, bool(atomic))
+    outs = _adaptive_outputs(layout, moebuf_dtype, device)
+    sorted_token_ids, sorted_expert_ids, num_valid_ids, reverse_sorted = outs[:4]
+    sorted_weights, m_indices, moe_buf = outs[4:]
     zero_out = moe_buf if (atomic and BM == 16) else None
     if triton_backend(device) == "torch-reference":
         empty_bf16 = torch.empty(0, dtype=torch.bfloat16, device=device)
@@ -696,13 +892,34 @@ def adaptive_moe_sort(
             empty_bf16 if zero_out is None else zero_out, empty_bf16,
             M, num_experts, topk, model_dim, 1, BM, 0 if BM == 16 else 1, count,
         )  # fmt: skip
-    else:
-        _launch_sort(
-            topk_ids, topk_weights, sorted_token_ids, sorted_expert_ids, num_valid_ids,
-            reverse_sorted, sorted_weights, m_indices, zero_out, M, num_experts, topk, BM,
-            count,
-        )  # fmt: skip
-    std = (sorted_token_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf)
+        return _adaptive_result(outs, emit_aux)
+    launch = (
+        topk_ids, topk_weights, sorted_token_ids, sorted_expert_ids, num_valid_ids,
+        reverse_sorted, sorted_weights, m_indices, zero_out, M, num_experts, topk, BM, count,
+    )  # fmt: skip
+    if key is None:
+        _launch_sort(*launch)
+        return _adaptive_result(outs, emit_aux)
+    # The first call of this signature: launch, and keep its direct program.
+    with capture_launches() as launches:
+        buf = _launch_sort(*launch)
+    callers = [topk_ids, topk_weights] + ([] if count is None else [count])
+    own = [sorted_token_ids, sorted_expert_ids, num_valid_ids, reverse_sorted, sorted_weights]
+    own += [m_indices, moe_buf]
+    program = _sort_direct_program(
+        launches, buf, callers, (0,) * len(callers), (False,) * len(callers), own,
+        M, num_experts, topk, BM, 0 if zero_out is None else zero_out.numel(),
+        count is not None, device,
+    )  # fmt: skip
+    if program is not None:
+        bounded_put(_ADAPTIVE_DIRECT, key, (program, layout))
+    return _adaptive_result(outs, emit_aux)
+
+
+def _adaptive_result(outs: tuple[torch.Tensor, ...], emit_aux: bool) -> tuple[torch.Tensor, ...]:
+    """aiter's return order: ``(sorted_token_ids, sorted_weights, sorted_expert_ids,
+    num_valid_ids, moe_buf)``, plus ``(m_indices, reverse_sorted)`` with ``emit_aux``."""
+    std = (outs[0], outs[4], outs[1], outs[2], outs[6])
     if emit_aux:
-        return (*std, m_indices, reverse_sorted)
+        return (*std, outs[5], outs[3])
     return std
