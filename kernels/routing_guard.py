@@ -238,8 +238,9 @@ def _guard_routing_fake(
     )
 
 
-# Direct programs by call signature (see guard_routing).
-_DIRECT: dict[tuple, DirectProgram] = {}
+# Direct programs by call signature, and whether both inputs are contiguous (see
+# guard_routing).
+_DIRECT: dict[tuple, tuple[DirectProgram, bool]] = {}
 
 
 def guard_routing(
@@ -274,13 +275,16 @@ def guard_routing(
                 topk_weights.shape, topk_weights.stride(), topk_weights.dtype,
                 topk_weights.device, type(num_experts), num_experts, count_key,
             )  # fmt: skip
-            program = _DIRECT.get(key)
+            found = _DIRECT.get(key)
         except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
-            key = program = None
-        if program is not None:
-            device = key[3]
-            out_ids = torch.empty(key[0], dtype=key[2], device=device)
-            out_w = torch.empty(key[0], dtype=key[6], device=device)
+            key = found = None
+        if found is not None:
+            program, contiguous = found
+            if contiguous:  # empty_like of a contiguous tensor is contiguous, and cheaper
+                out_ids, out_w = torch.empty_like(topk_ids), torch.empty_like(topk_weights)
+            else:
+                out_ids = torch.empty(key[0], dtype=key[2], device=key[3])
+                out_w = torch.empty(key[0], dtype=key[6], device=key[3])
             if num_local_tokens is None:
                 ptrs = (
                     topk_ids.data_ptr(), topk_weights.data_ptr(), out_ids.data_ptr(),
@@ -314,5 +318,6 @@ def guard_routing(
         own=[out_ids, out_w],
     )
     if program is not None:
-        bounded_put(_DIRECT, key, program)
+        contiguous = topk_ids.is_contiguous() and topk_weights.is_contiguous()
+        bounded_put(_DIRECT, key, (program, contiguous))
     return out_ids, out_w

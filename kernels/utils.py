@@ -399,11 +399,11 @@ class DirectProgram:
     ``extents``: bytes each caller pointer addresses (in pointer order), ``written``:
     which of them the launches write. :meth:`clear` tells whether a call's pointers may
     take the program: aligned, and no written span overlapping another span (checked
-    only when the pointers differ from the last call's). ``scratch``: ``(name, int32
-    elements)`` of the scratch buffer the launches take after the call's pointers, or
-    None."""
+    only when the pointers differ from the last call's). ``buffers``: the int32 buffers
+    the launches take after the call's pointers, each ``(name, elements, zeroed)``: a
+    :func:`scratch` buffer, or (``zeroed``) a :func:`zeroed_state` one."""
 
-    __slots__ = ("launches", "index", "extents", "written", "last", "callers", "scratch")
+    __slots__ = ("launches", "index", "extents", "written", "last", "callers", "buffers")
 
     def __init__(
         self,
@@ -411,7 +411,7 @@ class DirectProgram:
         index: int,
         extents: tuple[int, ...],
         written: tuple[bool, ...],
-        scratch: tuple[str, int] | None = None,
+        buffers: tuple[tuple[str, int, bool], ...] = (),
     ) -> None:
         self.launches = launches
         self.index = index
@@ -419,7 +419,7 @@ class DirectProgram:
         self.written = written
         self.callers = len(extents)
         self.last: tuple | None = None
-        self.scratch = scratch
+        self.buffers = buffers
 
     def clear(self, ptrs: tuple) -> bool:
         """Whether ``ptrs`` (the caller's tensors' addresses, then the program's own
@@ -455,16 +455,16 @@ class DirectProgram:
             self._launch(_current_raw_stream(index), ptrs)
 
     def _launch(self, stream: int, ptrs: tuple) -> None:
-        # Hold the scratch buffer until every launch is queued: under graph capture it
-        # is fresh, and freed early it could be handed out again within the call.
-        buf = None
-        if self.scratch is not None:
-            name, numel = self.scratch
-            buf = scratch_on(self.index, stream, name, numel)
+        # Hold the buffers until every launch is queued: under graph capture they are
+        # fresh, and one freed early could be handed out again within the call.
+        held = []
+        for name, numel, zeroed in self.buffers:
+            buf = (state_on if zeroed else scratch_on)(self.index, stream, name, numel)
+            held.append(buf)
             ptrs = (*ptrs, buf.data_ptr())
         for launch in self.launches:
             launch(stream, ptrs)
-        del buf
+        del held
 
 
 def build_direct_program(
@@ -473,7 +473,7 @@ def build_direct_program(
     extents: tuple[int, ...],
     written: tuple[bool, ...],
     own: list[torch.Tensor] = (),
-    scratch: tuple[str, int] | None = None,
+    buffers: tuple[tuple[str, int, bool], ...] = (),
 ) -> DirectProgram | None:
     """The :class:`DirectProgram` of launches just made through their launchers (so each
     specialization is compiled), or None when one of them cannot be launched directly
@@ -483,7 +483,7 @@ def build_direct_program(
 
     ``callers``: the call's tensors in the order its direct path reads their addresses;
     ``own``: buffers the direct path allocates (outputs), whose addresses follow them,
-    then, with ``scratch``, the scratch buffer (the last of ``own``)."""
+    then the program's ``buffers`` (the last ``len(buffers)`` of ``own``)."""
     tensors = [*callers, *own]
     if not launches or any(t.data_ptr() & 15 for t in tensors):
         return None
@@ -513,7 +513,7 @@ def build_direct_program(
         if not slots:
             return None
         direct.append(DirectLaunch(handle, launch.grid, tuple(slots), (*ints, *runner._constexprs)))
-    return DirectProgram(direct, index if index is not None else 0, extents, written, scratch)
+    return DirectProgram(direct, index if index is not None else 0, extents, written, buffers)
 
 
 def launch_and_keep(
@@ -523,14 +523,14 @@ def launch_and_keep(
     extents: tuple[int, ...],
     written: tuple[bool, ...],
     own: list[torch.Tensor] = (),
-    scratch: tuple[str, int] | None = None,
+    buffers: tuple[tuple[str, int, bool], ...] = (),
 ) -> DirectProgram | None:
     """Make the ``launches`` recorded by :func:`capture_launches` (on ``device``) and
     return their :class:`DirectProgram` (see :func:`build_direct_program`)."""
     with device_guard(device):
         for launch in launches:
             launcher(launch.kernel, **launch.meta)(launch.grid, *launch.args)
-        return build_direct_program(launches, callers, extents, written, own, scratch)
+        return build_direct_program(launches, callers, extents, written, own, buffers)
 
 
 def hip_buffers_small(*tensors: torch.Tensor) -> bool:
@@ -585,6 +585,46 @@ def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> 
         while len(_SCRATCH) > _SCRATCH_MAX:
             _SCRATCH.popitem(last=False)
     return buf
+
+
+# Buffers that kernels leave zero (self-resetting counters), one per (device, stream,
+# host thread, name), zeroed once when allocated. Bounded like the scratch buffers: a
+# buffer dropped is all zeros, so nothing is lost with it.
+_STATE: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
+
+
+def zeroed_state(name: str, numel: int, device: torch.device) -> torch.Tensor:
+    """An int32 device buffer of at least ``numel`` elements that is all zeros, for
+    kernels that leave it all zeros again when they finish (counters a last program
+    resets). Eagerly it is cached per (device, current stream, host thread, ``name``)
+    and zeroed only when allocated. While the current stream is being captured into a
+    CUDA/HIP graph, a fresh buffer is allocated and zeroed in the graph (one memset per
+    replay), so a graph never shares its counters with eager calls or other graphs.
+    Off the GPU, a fresh zeroed buffer."""
+    if device.type != "cuda" or torch._C._cuda_isCurrentStreamCapturing():
+        return torch.zeros(max(numel, 1), dtype=torch.int32, device=device)
+    index = device.index if device.index is not None else _current_device()
+    key = (index, _current_raw_stream(index), threading.get_ident(), name)
+    buf = _STATE.get(key)
+    if buf is not None and buf.numel() >= numel:
+        return buf
+    with _SCRATCH_LOCK:
+        buf = torch.zeros(max(numel, 1024), dtype=torch.int32, device=device)
+        _STATE[key] = buf
+        _STATE.move_to_end(key)
+        while len(_STATE) > _SCRATCH_MAX:
+            _STATE.popitem(last=False)
+    return buf
+
+
+def state_on(index: int, stream: int, name: str, numel: int) -> torch.Tensor:
+    """:func:`zeroed_state` for a direct program that already knows its device and
+    stream: one dict lookup when the buffer exists and is large enough."""
+    if not torch._C._cuda_isCurrentStreamCapturing():
+        buf = _STATE.get((index, stream, threading.get_ident(), name))
+        if buf is not None and buf.numel() >= numel:
+            return buf
+    return zeroed_state(name, numel, torch.device("cuda", index))
 
 
 def scratch_on(index: int, stream: int, name: str, numel: int) -> torch.Tensor:

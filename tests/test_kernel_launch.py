@@ -17,12 +17,17 @@ from types import SimpleNamespace
 import pytest
 import sglang_amd_moe.kernels.utils as utils
 import torch
+from kernel_helpers import kernel_device
 from sglang_amd_moe.kernels import adaptive_moe_sort, mask_padded_rows_, mxfp4_moe_sort
 from sglang_amd_moe.kernels.mask_padded_rows import _mask_padded_rows_kernel, mask_launch_config
 from sglang_amd_moe.kernels.moe_sort import (
+    DETERMINISTIC,
+    _sort_atomic_count_kernel,
+    _sort_atomic_place_kernel,
     _sort_count_kernel,
     _sort_offsets_kernel,
     _sort_place_kernel,
+    _sort_tiny_kernel,
     sort_plan,
 )
 from sglang_amd_moe.kernels.utils import KernelLauncher, capture_launches, max_sorted_size
@@ -30,6 +35,10 @@ from test_mask_padded_rows import _bad_cases, _good
 from test_mxfp4_moe_sort import _BAD, _count, _outputs, _routing
 
 META = torch.device("meta")
+# Where the direct-program tests run the real kernels on their first calls: the CPU
+# (Triton's interpreter) here, the GPU on a GPU machine.
+DEV = kernel_device()
+STREAM = 4242 if DEV == "cpu" else None  # the stand-in stream handle on the CPU
 
 
 # ------------------------------------------------------------------ capture, meta tensors
@@ -53,10 +62,16 @@ def _meta_sort_args(M: int, NE: int, K: int, MB: int, hidden: int, count: bool) 
 
 
 def _expected_sort_launches(M: int, NE: int, K: int, MB: int, zero_numel: int):
-    plan = sort_plan(M, NE, K, zero_numel, MB)
-    expected = []
-    if not plan.single:
-        expected.append((_sort_count_kernel, (plan.chunks,)))
+    plan = sort_plan(M, NE, K, zero_numel, MB, DETERMINISTIC)
+    if plan.single:
+        return plan, [(_sort_tiny_kernel, (1 + plan.zero_programs,))]
+    if plan.atomic:
+        place = plan.chunks + plan.gap_programs + plan.zero_programs
+        return plan, [
+            (_sort_atomic_count_kernel, (plan.count_programs,)),
+            (_sort_atomic_place_kernel, (place,)),
+        ]
+    expected = [(_sort_count_kernel, (plan.chunks,))]
     if plan.offset_programs:
         expected.append((_sort_offsets_kernel, (plan.offset_programs,)))
     place_programs = plan.chunks + plan.gap_programs + plan.zero_programs
@@ -88,8 +103,14 @@ def test_sort_launches_are_captured_with_meta_tensors(M, NE, K, MB, count) -> No
         # Every runtime parameter is passed, every constant is in meta.
         names = launch.kernel.arg_names
         assert len(launch.args) + len([n for n in names if n in launch.meta]) == len(names)
-        assert launch.meta["num_warps"] in (4, 8)
-        place_or_count = launch.kernel in (_sort_place_kernel, _sort_count_kernel)
+        assert launch.meta["num_warps"] in (4, 8, 16)
+        place_or_count = launch.kernel in (
+            _sort_place_kernel,
+            _sort_count_kernel,
+            _sort_tiny_kernel,
+            _sort_atomic_count_kernel,
+            _sort_atomic_place_kernel,
+        )
         assert launch.meta.get("HAS_COUNT", count) is count or not place_or_count
 
 
@@ -345,8 +366,9 @@ def direct(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
     recorder = _Recorder()
     monkeypatch.setattr(utils, "_INTERPRETING", False)
     monkeypatch.setattr(utils, "FAST_LAUNCH", True)
-    monkeypatch.setattr(utils, "_current_device", lambda: 0)
-    monkeypatch.setattr(utils, "_current_raw_stream", lambda index: 4242)
+    if DEV == "cpu":  # on a GPU the real device and stream (launches that do run use them)
+        monkeypatch.setattr(utils, "_current_device", lambda: 0)
+        monkeypatch.setattr(utils, "_current_raw_stream", lambda index: STREAM)
     monkeypatch.setattr(
         utils.KernelLauncher, "handle", lambda self, args: (recorder.run, "function", "packed")
     )
@@ -382,9 +404,9 @@ def test_mask_second_call_launches_directly_with_integer_pointers(direct, monkey
     import sglang_amd_moe.kernels.mask_padded_rows as mask_mod
 
     checks = _counting(monkeypatch, mask_mod, "check_mask_call")
-    ids = torch.randint(0, 9, (40, 11), dtype=torch.int32)
-    w = torch.rand(40, 11)
-    count = torch.tensor([30], dtype=torch.int32)
+    ids = torch.randint(0, 9, (40, 11), dtype=torch.int32, device=DEV)
+    w = torch.rand(40, 11, device=DEV)
+    count = torch.tensor([30], dtype=torch.int32, device=DEV)
     mask_padded_rows_(ids, w, count)  # first call: full checks, real kernel
     assert len(checks) == 1 and not direct.calls
     assert bool((ids[30:] == 0).all()) and bool((w[30:] == 0).all())
@@ -393,7 +415,8 @@ def test_mask_second_call_launches_directly_with_integer_pointers(direct, monkey
     assert len(checks) == 1  # no checks on a hit
     (call,) = direct.calls
     grid, block_m, block_k = mask_launch_config(40, 11, True)
-    assert call[:9] == (grid, 1, 1, 4242, "function", "packed", None, None, None)
+    stream = STREAM if DEV == "cpu" else torch.cuda.current_stream().cuda_stream
+    assert call[:9] == (grid, 1, 1, stream, "function", "packed", None, None, None)
     assert call[9:12] == (ids2.data_ptr(), w2.data_ptr(), count2.data_ptr())
     assert call[12:17] == (40, 11, 11, 11, 0)  # rows, cols, row strides, fill value
     assert call[17:19] == (block_m, block_k)
@@ -425,9 +448,9 @@ def test_mask_hits_still_refuse_what_the_full_checks_refuse(direct) -> None:
 
 
 def test_mask_misaligned_pointers_take_the_full_path(direct) -> None:
-    buf = torch.randint(0, 9, (41 * 8,), dtype=torch.int32)
-    w = torch.rand(40, 8)
-    count = torch.tensor([20], dtype=torch.int32)
+    buf = torch.randint(0, 9, (41 * 8,), dtype=torch.int32, device=DEV)
+    w = torch.rand(40, 8, device=DEV)
+    count = torch.tensor([20], dtype=torch.int32, device=DEV)
     mask_padded_rows_(buf[:320].view(40, 8), w.clone(), count)
     ids = buf[1:321].view(40, 8)  # 4 bytes past a 16-byte boundary, same signature
     expect = ids.clone()
@@ -437,9 +460,9 @@ def test_mask_misaligned_pointers_take_the_full_path(direct) -> None:
 
 
 def test_launch_hooks_keep_every_call_on_tritons_path(direct, monkeypatch) -> None:
-    ids = torch.randint(0, 9, (8, 4), dtype=torch.int32)
-    w = torch.rand(8, 4)
-    count = torch.tensor([3], dtype=torch.int32)
+    ids = torch.randint(0, 9, (8, 4), dtype=torch.int32, device=DEV)
+    w = torch.rand(8, 4, device=DEV)
+    count = torch.tensor([3], dtype=torch.int32, device=DEV)
     mask_padded_rows_(ids, w, count)
     monkeypatch.setattr(utils, "_launch_hooks_active", lambda: True)
     mask_padded_rows_(ids, w, count)
@@ -454,9 +477,9 @@ def test_guard_second_call_allocates_and_launches_directly(direct, monkeypatch, 
     from sglang_amd_moe.kernels import guard_routing
 
     checks = _counting(monkeypatch, guard_mod, "check_guard_call")
-    ids = torch.tensor([[-1, 3], [7, 300]], dtype=torch.int64)
-    w = torch.rand(2, 2)
-    count = torch.tensor([1], dtype=torch.int32) if with_count else None
+    ids = torch.tensor([[-1, 3], [7, 300]], dtype=torch.int64, device=DEV)
+    w = torch.rand(2, 2, device=DEV)
+    count = torch.tensor([1], dtype=torch.int32, device=DEV) if with_count else None
     first = guard_routing(ids, w, 257, count)
     assert first[0].tolist() == ([[0, 3], [0, 0]] if with_count else [[0, 3], [7, 0]])
     out_ids, out_w = guard_routing(ids, w, 257, count)
@@ -504,9 +527,9 @@ def test_sort_second_call_launches_directly_and_hits_still_refuse(direct, monkey
 
 
 def test_adaptive_second_call_allocates_one_arena(direct) -> None:
-    ids = torch.randint(0, 257, (64, 9), dtype=torch.int32)
-    w = torch.rand(64, 9)
-    count = torch.tensor([40], dtype=torch.int32)
+    ids = torch.randint(0, 257, (64, 9), dtype=torch.int32, device=DEV)
+    w = torch.rand(64, 9, device=DEV)
+    count = torch.tensor([40], dtype=torch.int32, device=DEV)
     first = adaptive_moe_sort(
         ids, w, 257, 9, 16, 32, atomic=True, emit_aux=True, num_local_tokens=count
     )
