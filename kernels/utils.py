@@ -467,55 +467,6 @@ class DirectProgram:
         del held
 
 
-def build_direct_program(
-    launches: list[Launch],
-    callers: list[torch.Tensor],
-    extents: tuple[int, ...],
-    written: tuple[bool, ...],
-    own: list[torch.Tensor] = (),
-    buffers: tuple[tuple[str, int, bool], ...] = (),
-) -> DirectProgram | None:
-    """The :class:`DirectProgram` of launches just made through their launchers (so each
-    specialization is compiled), or None when one of them cannot be launched directly
-    (kept on Triton's path, a tensor argument that is neither one of ``callers`` nor one
-    of the program's ``own`` buffers, an int that is not an int, or a pointer that is not
-    16-byte aligned, or on AMD a buffer past 2 GiB: then every call takes the full path).
-
-    ``callers``: the call's tensors in the order its direct path reads their addresses;
-    ``own``: buffers the direct path allocates (outputs), whose addresses follow them,
-    then the program's ``buffers`` (the last ``len(buffers)`` of ``own``)."""
-    tensors = [*callers, *own]
-    if not launches or any(t.data_ptr() & 15 for t in tensors):
-        return None
-    if _IS_HIP and any(t.untyped_storage().nbytes() > _TWO_GIB for t in tensors):
-        return None
-    direct = []
-    index = None
-    for launch in launches:
-        runner = launcher(launch.kernel, **launch.meta)
-        handle = runner.handle(launch.args)
-        if handle is None or runner._nargs != len(launch.args):
-            return None
-        slots, ints = [], []
-        for a in launch.args:
-            if isinstance(a, torch.Tensor):
-                if ints:  # a pointer after an int: not this layout
-                    return None
-                found = next((i for i, t in enumerate(tensors) if a is t), None)
-                if found is None:
-                    return None
-                slots.append(found)
-                index = a.device.index
-            elif type(a) is int:
-                ints.append(a)
-            else:
-                return None
-        if not slots:
-            return None
-        direct.append(DirectLaunch(handle, launch.grid, tuple(slots), (*ints, *runner._constexprs)))
-    return DirectProgram(direct, index if index is not None else 0, extents, written, buffers)
-
-
 def launch_and_keep(
     launches: list[Launch],
     device: torch.device,
@@ -525,12 +476,56 @@ def launch_and_keep(
     own: list[torch.Tensor] = (),
     buffers: tuple[tuple[str, int, bool], ...] = (),
 ) -> DirectProgram | None:
-    """Make the ``launches`` recorded by :func:`capture_launches` (on ``device``) and
-    return their :class:`DirectProgram` (see :func:`build_direct_program`)."""
+    """Make the ``launches`` recorded by :func:`capture_launches` (on ``device``) through
+    their launchers (so each specialization is compiled) and return their
+    :class:`DirectProgram`, or None when one of them cannot be launched directly (kept on
+    Triton's path, a tensor argument that is neither one of ``callers`` nor one of
+    ``own``, an argument that is neither a tensor nor an int, a pointer that is not
+    16-byte aligned, or on AMD a buffer past 2 GiB: then every call takes the full path).
+
+    ``callers``: the call's tensors in the order its direct path reads their addresses
+    (``extents``: the bytes each spans, ``written``: which the launches write); ``own``:
+    buffers the direct path allocates (outputs), whose addresses follow them, then the
+    program's ``buffers`` (the last ``len(buffers)`` of ``own``)."""
     with device_guard(device):
         for launch in launches:
             launcher(launch.kernel, **launch.meta)(launch.grid, *launch.args)
-        return build_direct_program(launches, callers, extents, written, own, buffers)
+        tensors = [*callers, *own]
+        if not launches or any(t.data_ptr() & 15 for t in tensors):
+            return None
+        if _IS_HIP and any(t.untyped_storage().nbytes() > _TWO_GIB for t in tensors):
+            return None
+        direct = [_direct_launch(launch, tensors) for launch in launches]
+    if any(d is None for d in direct):
+        return None
+    return DirectProgram(
+        direct, device.index if device.index is not None else 0, extents, written, buffers
+    )
+
+
+def _direct_launch(launch: Launch, tensors: list[torch.Tensor]) -> DirectLaunch | None:
+    """``launch`` as a :class:`DirectLaunch` taking its pointers from ``tensors``' slots,
+    or None (see :func:`launch_and_keep`)."""
+    runner = launcher(launch.kernel, **launch.meta)
+    handle = runner.handle(launch.args)
+    if handle is None or runner._nargs != len(launch.args):
+        return None
+    slots, ints = [], []
+    for a in launch.args:
+        if isinstance(a, torch.Tensor):
+            if ints:  # a pointer after an int: not this layout
+                return None
+            found = next((i for i, t in enumerate(tensors) if a is t), None)
+            if found is None:
+                return None
+            slots.append(found)
+        elif type(a) is int:
+            ints.append(a)
+        else:
+            return None
+    if not slots:
+        return None
+    return DirectLaunch(handle, launch.grid, tuple(slots), (*ints, *runner._constexprs))
 
 
 def hip_buffers_small(*tensors: torch.Tensor) -> bool:

@@ -68,3 +68,19 @@ def assert_same_sort(got: dict, want: dict, M: int, MB: int, exact: bool = True)
         assert torch.equal(bits(got[name][slot_got]), bits(want[name][slot_want])), name
     experts = want["sorted_expert_ids"]
     assert torch.equal(experts[slot_got // MB], experts[slot_want // MB])
+
+
+def forbid_reference(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> None:
+    """Make ``module.name`` (a kernel module's plain-torch fallback) raise, so every call
+    of the kernel must go through Triton."""
+
+    def _no_fallback(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{module.__name__} fell back to {name}")
+
+    monkeypatch.setattr(module, name, _no_fallback)
+
+
+def assert_runs_through_triton(device: str) -> None:
+    """The kernels run compiled on a GPU and in Triton's interpreter on the CPU."""
+    expected = "triton-interpreter" if device == "cpu" else "triton"
+    assert triton_backend(torch.device(device)) == expected

@@ -16,14 +16,21 @@ import torch
 import triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_helpers import ROWS_COUNTS, assert_same_sort, bits, kernel_device
+from kernel_helpers import (
+    ROWS_COUNTS,
+    assert_runs_through_triton,
+    assert_same_sort,
+    bits,
+    forbid_reference,
+    kernel_device,
+)
 from sglang_amd_moe.kernels import (
     adaptive_moe_sort,
     mxfp4_moe_sort,
     mxfp4_moe_sort_reference,
 )
 from sglang_amd_moe.kernels.moe_sort import ATOMIC_MIN_EXPERTS, ATOMIC_MIN_ROWS, sort_plan
-from sglang_amd_moe.kernels.utils import max_sorted_size, triton_backend
+from sglang_amd_moe.kernels.utils import max_sorted_size
 
 DEV = kernel_device()
 SHAPES = [(513, 11), (896, 16)]  # (NE, TOPK): routed experts + 1 shared
@@ -42,17 +49,11 @@ POISON = -7
 
 @pytest.fixture(autouse=True)
 def _kernel_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the torch fallback raise: every call below must go through Triton."""
-
-    def _no_fallback(*args: object, **kwargs: object) -> None:
-        raise AssertionError("mxfp4_moe_sort fell back to the torch reference")
-
-    monkeypatch.setattr(sort_mod, "mxfp4_moe_sort_reference", _no_fallback)
+    forbid_reference(monkeypatch, sort_mod, "mxfp4_moe_sort_reference")
 
 
 def test_kernels_run_through_triton() -> None:
-    expected = "triton-interpreter" if DEV == "cpu" else "triton"
-    assert triton_backend(torch.device(DEV)) == expected
+    assert_runs_through_triton(DEV)
 
 
 # --------------------------------------------------------------------------- helpers
