@@ -10,7 +10,9 @@
 # all: the GPU tests while every benchmark kernel compiles (in parallel processes), then
 # the timed benchmarks alone on the machine. tune: benchmarks/tune.py's sweeps, then
 # profile: Nsight Compute on tune.py's --profile targets. TUNE_ARGS, BENCH_ARGS and
-# GPU_TESTS_ARGS pass options to tune.py, run.py and pytest.
+# GPU_TESTS_ARGS pass options to tune.py, run.py and pytest; GPU_TESTS names the test
+# files or folders (default tests/gpu); HOST_COST=1 runs benchmarks/host_cost.py after
+# the benchmarks (bench, all).
 set -uo pipefail
 what=${1:-all}
 # The results JSON and the logs go to $OUT as they are written; the report, the plots
@@ -42,7 +44,9 @@ rc=0
 gpu_tests() {
     # Run from outside the checkout so the installed wheel (with kernels/ mapped into
     # sglang_amd_moe.kernels) is imported, not the source folder.
-    (cd /tmp && timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -rA -p no:cacheprovider -n "$jobs" "$repo/tests/gpu" \
+    local paths=()
+    for t in ${GPU_TESTS:-tests/gpu}; do paths+=("$repo/$t"); done
+    (cd /tmp && timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest -q -rA -p no:cacheprovider -n "$jobs" "${paths[@]}" \
         ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} ${GPU_TESTS_ARGS:-} >"$OUT/gpu-tests.log" 2>&1)
 }
 if [ "$what" = tune ]; then
@@ -69,7 +73,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     if [ "$what" = all ]; then gpu_tests & test_pid=$!; fi
     warm_pids=()
     for i in $(seq 0 $((jobs - 1))); do
-        (cd /tmp && { timeout "${WARM_TIMEOUT:-300}" python3 "$repo/benchmarks/run.py" --warm "$i/$jobs" \
+        (cd /tmp && { timeout "${WARM_TIMEOUT:-300}" python3 "$repo/benchmarks/run.py" --warm "$i/$jobs" ${BENCH_ARGS:-} \
             && if [ "${SORT_TUNE:-0}" = 1 ]; then timeout "${WARM_TIMEOUT:-300}" python3 "$repo/benchmarks/tune.py" --warm "$i/$jobs"; fi; } \
             >"/tmp/warm-$i.log" 2>&1 || { tail -20 "/tmp/warm-$i.log"; exit 1; }) &
         warm_pids+=($!)
@@ -79,8 +83,12 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     if [ -n "$test_pid" ]; then wait "$test_pid" || rc=1; tail -5 "$OUT/gpu-tests.log"; fi
     (cd /tmp && timeout "${BENCH_TIMEOUT:-400}" python3 "$repo/benchmarks/run.py" --out "$OUT/h200.json" \
         ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log") || rc=1
+    if [ "${HOST_COST:-0}" = 1 ]; then
+        (cd /tmp && timeout "${HOST_COST_TIMEOUT:-240}" python3 "$repo/benchmarks/host_cost.py" \
+            --out "$OUT/h200-host-cost.json" 2>&1 | tee "$WORK/host-cost.log") || rc=1
+    fi
     (cd /tmp && python3 "$repo/benchmarks/report.py" --results "$OUT/h200.json" \
-        --out "$WORK/benchmarks.md" --plots-dir "$WORK") || rc=1
+        --host-cost "$OUT/h200-host-cost.json" --out "$WORK/benchmarks.md" --plots-dir "$WORK") || rc=1
     if [ "${SORT_TUNE:-0}" = 1 ]; then
         (cd /tmp && timeout "${TUNE_TIMEOUT:-120}" python3 "$repo/benchmarks/tune.py" --only sort \
             --out "$OUT/tune.json" 2>&1 | tee "$WORK/tune.log") || rc=1

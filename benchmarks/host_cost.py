@@ -1,21 +1,23 @@
-"""Where an eager sort call's host time goes, on a CUDA/HIP GPU.
+"""Where an eager call's host time goes, on a CUDA/HIP GPU: the lean path measured.
 
-Eagerly (prefill, and decode batches past the largest captured graph) the sort costs
-mostly host time: the GPU finishes each launch before the host has queued the next.
-This splits one ``mxfp4_moe_sort`` call with a count into its host-side parts and times
-each alone, back to back, with the host clock (the GPU idles, so host time is what is
-measured):
+Eagerly (prefill, and decode batches past the largest captured graph) these kernels
+cost mostly host time: the GPU finishes each launch before the host has queued the
+next. Each call of ``mask_padded_rows_``, ``guard_routing``, ``mxfp4_moe_sort`` (with a
+count) and ``adaptive_moe_sort`` is timed back to back with the host clock, after a
+first call has built its direct program, and split into:
 
-* ``call``: the whole call; ``adaptive``: ``adaptive_moe_sort`` (it allocates its outputs);
-* ``checks``: the argument checks alone (``check_sort_args``: metadata of 10 tensors and
-  the overlap check between them);
-* ``plan``: the cached launch-plan lookup (``sort_program``);
-* ``scratch``: the reused scratch buffer's lookup (two- and three-launch plans only);
-* ``one_launch``: one direct launch of the plan's count kernel (two- and three-launch
-  plans only), the unit the plan's launches multiply;
-* ``torch_op``: one small torch op (``x.zero_()``), for scale on this host;
-* ``sgl_align_cpp``: sgl_kernel's C++ ``moe_align_block_size`` as SGLang calls it, when
-  ``sgl_kernel`` imports (``benchmarks/device.sh`` puts a trimmed copy on the path).
+* ``call``: the whole call;
+* ``python``: the same call with the compiled launchers replaced by a no-op, i.e. all
+  the Python (key, lookup, addresses, checks, argument building, allocations of
+  ``guard_routing`` / ``adaptive_moe_sort``) and nothing of the launches themselves;
+* ``raw``: the program's launches alone, each a bare call of Triton's compiled
+  launcher with its arguments built beforehand: the floor of any Python caller;
+* ``launches``: how many launches the call makes.
+
+The issue's targets: ``python`` at most 3 us, and ``call`` within 1.5 us per launch of
+``raw``. For scale: one small torch op (``x.zero_()``) and sgl_kernel's C++
+``moe_align_block_size`` called as SGLang calls it (when ``sgl_kernel`` imports;
+``benchmarks/device.sh`` puts a trimmed copy on the path).
 
 Usage: ``python benchmarks/host_cost.py --out host-cost.json`` (prints a table too).
 """
@@ -30,17 +32,24 @@ from collections.abc import Callable
 
 import torch
 import triton
-from run import _load_sgl_kernel, sort_buffers, sort_call, sort_impls, sort_inputs
-from sglang_amd_moe.kernels import adaptive_moe_sort, mxfp4_moe_sort
+from run import _load_sgl_kernel, mask_inputs, sort_buffers, sort_call, sort_impls, sort_inputs
+from sglang_amd_moe.kernels import (
+    adaptive_moe_sort,
+    guard_routing,
+    mask_padded_rows_,
+    mxfp4_moe_sort,
+)
+from sglang_amd_moe.kernels import mask_padded_rows as mask_module
 from sglang_amd_moe.kernels import moe_sort as sort_module
-from sglang_amd_moe.kernels._validate import check_sort_args
-from sglang_amd_moe.kernels.utils import scratch
+from sglang_amd_moe.kernels import routing_guard as guard_module
+from sglang_amd_moe.kernels.utils import _current_raw_stream
 
 SHAPES = ((257, 9), (513, 11), (896, 16))
 ROWS = (1, 4, 64, 512, 4096)
+MASK_ROWS = (1, 64, 4096)
 BLOCK = 16
 CALLS = 2000
-REPEATS = 5
+REPEATS = 3
 
 
 def host_us(fn: Callable[[], object]) -> float:
@@ -58,42 +67,149 @@ def host_us(fn: Callable[[], object]) -> float:
     return statistics.median(samples)
 
 
-def measure(NE: int, topk: int, M: int, align: Callable | None) -> dict:
+def _program(cache: dict) -> object:
+    """The direct program the call just built (the newest in its kernel's cache)."""
+    found = list(cache.values())[-1]
+    return found[0] if isinstance(found, tuple) else found
+
+
+def _split(fn: Callable[[], object], cache: dict, ptrs: tuple) -> dict:
+    """``call``, ``python`` and ``raw`` of a call whose direct program is in ``cache``;
+    ``ptrs``: the addresses its launches take (the call's, then its buffers')."""
+    cache.clear()
+    fn()  # builds the direct program
+    program = _program(cache)
+    call = host_us(fn)
+    runs = [launch.run for launch in program.launches]
+    for launch in program.launches:
+        launch.run = lambda *args: None
+    try:
+        python = host_us(fn)
+    finally:
+        for launch, run in zip(program.launches, runs, strict=True):
+            launch.run = run
+    stream = _current_raw_stream(torch.cuda.current_device())
+    raw_calls = [
+        (
+            launch.run,
+            (
+                launch.g0,
+                launch.g1,
+                launch.g2,
+                stream,
+                launch.function,
+                launch.packed,
+                None,
+                None,
+                None,
+                *launch.pick(ptrs),
+                *launch.tail,
+            ),
+        )  # fmt: skip
+        for launch in program.launches
+    ]
+
+    def raw() -> None:
+        for run, args in raw_calls:
+            run(*args)
+
+    return dict(
+        launches=len(program.launches),
+        call=round(call, 2),
+        python=round(python, 2),
+        raw=round(host_us(raw), 2),
+    )
+
+
+def _own(program: object, ptrs: tuple) -> tuple:
+    """``ptrs`` followed by the program's scratch and counter buffers' addresses."""
+    index = torch.cuda.current_device()
+    stream = _current_raw_stream(index)
+    from sglang_amd_moe.kernels.utils import scratch_on, state_on
+
+    extra = tuple(
+        (state_on if zeroed else scratch_on)(index, stream, name, numel).data_ptr()
+        for name, numel, zeroed in program.buffers
+    )
+    return (*ptrs, *extra)
+
+
+def measure_mask(M: int, topk: int) -> list[dict]:
+    ids, w, count = mask_inputs(M, topk, "cuda")
+    rows = []
+    rows.append(
+        dict(
+            kernel="mask",
+            M=M,
+            topk=topk,
+            **_split(
+                lambda: mask_padded_rows_(ids, w, count, 0),
+                mask_module._DIRECT,
+                (ids.data_ptr(), w.data_ptr(), count.data_ptr()),
+            ),
+        )  # fmt: skip
+    )
+    # The guard allocates its outputs per call: the raw floor takes one pair of them.
+    out_ids, out_w = torch.empty_like(ids), torch.empty_like(w)
+    rows.append(
+        dict(
+            kernel="guard",
+            M=M,
+            topk=topk,
+            **_split(
+                lambda: guard_routing(ids, w, 257, count),
+                guard_module._DIRECT,
+                (
+                    ids.data_ptr(),
+                    w.data_ptr(),
+                    count.data_ptr(),
+                    out_ids.data_ptr(),
+                    out_w.data_ptr(),
+                ),
+            ),
+        )  # fmt: skip
+    )
+    return rows
+
+
+def measure_sort(NE: int, topk: int, M: int, align: Callable | None) -> list[dict]:
     ids, w, count = sort_inputs(M, topk, NE, max(M // 2, 1), "cuda")
     out = sort_buffers(M, topk, NE, BLOCK, "cuda")
-    args = (
-        ids, w, out["sorted_token_ids"], out["sorted_expert_ids"], out["cumsum_tensor"],
-        out["reverse_sorted"], out["sorted_weights"], out["m_indices"], out["bf16_zero_out"],
-        out["bf16_zero_workspace"], M, NE, topk, 7168, 256, BLOCK, 0, count,
+    call = sort_call(mxfp4_moe_sort, ids, w, out, NE, BLOCK, count)
+    names = (
+        "sorted_token_ids", "sorted_expert_ids", "cumsum_tensor", "reverse_sorted",
+        "sorted_weights", "m_indices", "bf16_zero_out", "bf16_zero_workspace",
     )  # fmt: skip
-    prog = sort_module.sort_program(M, NE, topk, BLOCK, 0, True)
-    plan = prog.plan
-    parts: dict[str, float | None] = {
-        "call": host_us(sort_call(mxfp4_moe_sort, ids, w, out, NE, BLOCK, count)),
-        "adaptive": host_us(
-            lambda: adaptive_moe_sort(ids, w, NE, topk, BLOCK, 7168, num_local_tokens=count)
-        ),
-        "checks": host_us(lambda: check_sort_args(*args)),
-        "plan": host_us(lambda: sort_module.sort_program(M, NE, topk, BLOCK, 0, True)),
-        "scratch": None,
-        "one_launch": None,
-    }
-    if not plan.single:
-        parts["scratch"] = host_us(
-            lambda: scratch("moe_sort", plan.scratch_elems, torch.int32, ids.device)
-        )
-        buf = scratch("moe_sort", plan.scratch_elems, torch.int32, ids.device)
-        parts["one_launch"] = host_us(
-            lambda: prog.count((plan.chunks,), ids, count, buf, M, ids.stride(0), plan.ranks_at)
-        )
+    ptrs = (ids.data_ptr(), w.data_ptr(), *(out[n].data_ptr() for n in names), count.data_ptr())
+    sort_module._DIRECT.clear()
+    call()
+    ptrs = _own(_program(sort_module._DIRECT), ptrs)
+    row = dict(kernel="sort", num_experts=NE, topk=topk, M=M, block=BLOCK)
+    row.update(_split(call, sort_module._DIRECT, ptrs))
+    sort_module._ADAPTIVE_DIRECT.clear()
+
+    def adaptive() -> None:
+        adaptive_moe_sort(ids, w, NE, topk, BLOCK, 7168, num_local_tokens=count)
+
+    adaptive()
+    program, layout = next(iter(sort_module._ADAPTIVE_DIRECT.values()))
+    sti = torch.empty(layout.total, dtype=torch.int32, device="cuda")
+    base = sti.data_ptr()
+    moe_buf = torch.empty(layout.moe_shape, dtype=torch.bfloat16, device="cuda")
+    a_ptrs = (
+        ids.data_ptr(), w.data_ptr(), count.data_ptr(),
+        *(base + 4 * o for o in layout.offsets), moe_buf.data_ptr(),
+    )  # fmt: skip
+    a_ptrs = _own(program, a_ptrs)
+    adapt = _split(adaptive, sort_module._ADAPTIVE_DIRECT, a_ptrs)
+    row.update({f"adaptive_{k}": v for k, v in adapt.items() if k != "launches"})
     if align is not None:  # called as run.py calls it, on in-range ids
-        parts["sgl_align_cpp"] = host_us(
-            sort_impls(ids, w, count, NE, BLOCK, None, align)["sgl_align_cpp"]
+        row["sgl_align_cpp"] = round(
+            host_us(sort_impls(ids, w, count, NE, BLOCK, None, align)["sgl_align_cpp"]), 2
         )
     else:
-        parts["sgl_align_cpp"] = None
-    rounded = {k: (None if v is None else round(v, 2)) for k, v in parts.items()}
-    return dict(num_experts=NE, topk=topk, M=M, block=BLOCK, launches=plan.launches, **rounded)
+        row["sgl_align_cpp"] = None
+    return [row]
 
 
 def main() -> None:
@@ -103,7 +219,8 @@ def main() -> None:
     x = torch.zeros(16, dtype=torch.int32, device="cuda")
     torch_op = round(host_us(lambda: x.zero_()), 2)
     align = _load_sgl_kernel()
-    rows = [measure(NE, topk, M, align) for NE, topk in SHAPES for M in ROWS]
+    rows = [r for M in MASK_ROWS for r in measure_mask(M, 8)]
+    rows += [r for NE, topk in SHAPES for M in ROWS for r in measure_sort(NE, topk, M, align)]
     doc = dict(
         device=torch.cuda.get_device_name(),
         torch=torch.__version__,
@@ -114,12 +231,9 @@ def main() -> None:
     )
     with open(opts.out, "w") as f:
         json.dump(doc, f, indent=1)
-    keys = [k for k in rows[0] if k not in ("num_experts", "topk", "block")]
     print(f"one torch op: {torch_op} us")
-    print("NE/topk " + " ".join(f"{k:>13}" for k in keys))
     for r in rows:
-        cells = " ".join(f"{'-' if r[k] is None else r[k]:>13}" for k in keys)
-        print(f"{r['num_experts']}/{r['topk']:<4} {cells}")
+        print(json.dumps(r))
 
 
 if __name__ == "__main__":

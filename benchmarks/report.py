@@ -18,12 +18,21 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 MASK_PEERS = ["sgl_fill_x2", "eager_index_put"]
-# Targets on sgl_kernel's C++ align (sgl_align_cpp): graph replay at these M, eager up to
-# EAGER_MAX_M at the blocks of EAGER_BLOCKS; absolute graph-replay ceilings at M = 16384.
-CPP_GRAPH_MS = (1, 4, 16, 64, 256, 512, 4096, 16384)
+GUARD_IMPLS = ["ours", "ours_no_count", "reference"]
+# Graph-replay targets of the sort with a count, as ratios to sgl_kernel's C++ align
+# (sgl_align_cpp) measured in the same run: (name, first M, last M, ceiling).
+SORT_GRAPH_TARGETS = (
+    ("M = 1", 1, 1, 0.5),
+    ("M = 4", 4, 4, 0.75),
+    ("M 16-512", 16, 512, 1.0),
+    ("M 1024-4096", 1024, 4096, 0.8),
+    ("M 16384", 16384, 16384, 0.45),
+)
 EAGER_MAX_M = 4096
-EAGER_BLOCKS = (16, 32)
-LARGE_M_CEILINGS = {(257, 9): 25.0, (513, 11): 25.0, (896, 16): 40.0}
+MASK_GRAPH_CEILING_US = 1.5  # mask: M <= 16384; guard: M <= GUARD_MAX_M
+GUARD_MAX_M = 4096
+HOST_PYTHON_CEILING_US = 3.0
+HOST_PER_LAUNCH_US = 1.5
 
 
 def result_key(r: dict, impl: str | None = None) -> tuple:
@@ -66,12 +75,38 @@ def mask_section(results: list[dict], idx: dict[tuple, float], mode: str) -> lis
     return lines + [""]
 
 
+def guard_section(results: list[dict], idx: dict[tuple, float], mode: str) -> list[str]:
+    """The guard beside the mask, same configurations, same run."""
+    rows = [r for r in results if r["kernel"] == "guard" and r["mode"] == mode]
+    if not rows:
+        return []
+    ms = sorted({r["M"] for r in rows})
+    topks = sorted({r["topk"] for r in rows})
+    lines = [
+        f"### guard, {mode} (us per call; the mask's `ours` from the same replays)",
+        "",
+        "| topk | M | guard, count | guard, no count | reference (torch) | mask | guard / mask |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for topk in topks:
+        for M in ms:
+            g = [idx.get(("guard", i, M, topk, 257, None, "half", mode)) for i in GUARD_IMPLS]
+            mask = idx.get(("mask", "ours", M, topk, None, None, "half", mode))
+            if g[0] is None:
+                continue
+            cells = " | ".join("-" if v is None else f"{v:.2f}" for v in (*g, mask))
+            ratio = "-" if mask is None else f"{g[0] / mask:.2f}x"
+            lines.append(f"| {topk} | {M} | {cells} | {ratio} |")
+    return lines + [""]
+
+
 def sort_section(results: list[dict], idx: dict[tuple, float], mode: str, padded: str) -> list[str]:
     shapes = sorted({(r["num_experts"], r["topk"]) for r in results if r["kernel"] == "sort"})
     blocks = sorted({r["block"] for r in results if r["kernel"] == "sort"})
     ms = sorted({r["M"] for r in results if r["kernel"] == "sort"})
     lines = [
-        f"### sort, {mode}, padded rows: {padded} (us per call; ratio = peer / ours_count)",
+        f"### sort, {mode}, padded rows: {padded} (us per call; ratio = peer / ours_count;"
+        " - : not measured in this run)",
         "",
         "| NE/topk | block | M | ours | ours_count | count cost | ours_adaptive | sgl_align_cpp"
         " | sgl_triton_align | torch_argsort | vs align_cpp | vs triton align | vs argsort |",
@@ -92,12 +127,15 @@ def sort_section(results: list[dict], idx: dict[tuple, float], mode: str, padded
                     continue
                 ours, oc = idx[key("ours")], idx[key("ours_count")]
                 ad, cpp = idx.get(key("ours_adaptive")), idx.get(key("sgl_align_cpp"))
-                al, ar = idx[key("sgl_triton_align")], idx[key("torch_argsort")]
-                vs_cpp = "-" if cpp is None else f"{cpp / oc:.2f}x"
+                al, ar = idx.get(key("sgl_triton_align")), idx.get(key("torch_argsort"))
+
+                def vs(peer: float | None, digits: int, oc: float = oc) -> str:
+                    return "-" if peer is None else f"{peer / oc:.{digits}f}x"
+
                 lines.append(
                     f"| {NE}/{topk} | {B} | {M} | {ours:.2f} | {oc:.2f} | {oc - ours:+.2f} | "
-                    f"{fmt(ad)} | {fmt(cpp)} | {al:.2f} | {ar:.2f} | {vs_cpp} | "
-                    f"{al / oc:.1f}x | {ar / oc:.1f}x |"
+                    f"{fmt(ad)} | {fmt(cpp)} | {fmt(al)} | {fmt(ar)} | {vs(cpp, 2)} | "
+                    f"{vs(al, 1)} | {vs(ar, 1)} |"
                 )
     return lines + [""]
 
@@ -124,7 +162,9 @@ def launch_section(results: list[dict]) -> list[str]:
     return lines + [""]
 
 
-def targets_section(results: list[dict], idx: dict[tuple, float]) -> list[str]:
+def targets_section(
+    results: list[dict], idx: dict[tuple, float], host: dict | None = None
+) -> list[str]:
     """Each target, checked against the JSON: met, or where it is missed and by how much."""
     lines = [
         "## Targets (per call)",
@@ -153,9 +193,16 @@ def targets_section(results: list[dict], idx: dict[tuple, float]) -> list[str]:
         ]
 
     def ratio_row(
-        name: str, mode: str, rows: list[dict], impl: str, limit: float, label=cfg
+        name: str, mode: str, rows: list[dict], impl: str, limit: float, label=cfg, kernel=None
     ) -> None:
-        pairs = [(r, peer(r, impl)) for r in rows]
+        if kernel is None:
+            pairs = [(r, peer(r, impl)) for r in rows]
+        else:
+            # Another kernel's row of the same configuration (the mask has no expert count).
+            pairs = [
+                (r, idx.get(result_key({**r, "kernel": kernel, "num_experts": None}, impl)))
+                for r in rows
+            ]
         pairs = [(r, p) for r, p in pairs if p is not None]
         row(
             name,
@@ -168,88 +215,115 @@ def targets_section(results: list[dict], idx: dict[tuple, float]) -> list[str]:
             len(pairs),
         )
 
-    mask_g = ours("mask", ("ours",), "graph")
-    mask_e = ours("mask", ("ours",), "eager")
-
     def mcfg(r: dict) -> str:
         return f"topk {r['topk']} M {r['M']}"
 
-    row(
-        "mask <= 1.5 us for M <= 4096",
-        "graph",
-        [f"{mcfg(r)}: {r['us']:.2f}" for r in mask_g if r["M"] <= 4096 and r["us"] > 1.5],
-        sum(r["M"] <= 4096 for r in mask_g),
-    )
-    ratio_row("mask <= 1/1.8 of sgl_fill_x2", "graph", mask_g, "sgl_fill_x2", 1 / 1.8, mcfg)
-    ratio_row("mask <= 1/6 of eager_index_put", "graph", mask_g, "eager_index_put", 1 / 6, mcfg)
-    ratio_row("mask <= 0.6x sgl_fill_x2", "eager", mask_e, "sgl_fill_x2", 0.6, mcfg)
-
-    sort_g = ours("sort", ("ours", "ours_count"), "graph")
-    row(
-        "sort <= 10 us for M <= 512",
-        "graph",
-        [f"{cfg(r)}: {r['us']:.2f}" for r in sort_g if r["M"] <= 512 and r["us"] > 10],
-        sum(r["M"] <= 512 for r in sort_g),
-    )
-    row(
-        "sort <= 40 us at M = 4096",
-        "graph",
-        [f"{cfg(r)}: {r['us']:.2f}" for r in sort_g if r["M"] == 4096 and r["us"] > 40],
-        sum(r["M"] == 4096 for r in sort_g),
-    )
-    ratio_row(
-        "sort <= 1/3 of sgl_triton_align for M <= 512",
-        "graph",
-        [r for r in sort_g if r["M"] <= 512],
-        "sgl_triton_align",
-        1 / 3,
-    )
-    counted = [r for r in sort_g if r["impl"] == "ours_count" and peer(r, "ours") is not None]
-    row(
-        "count costs <= 0.6 us (ours_count - ours)",
-        "graph",
-        [
-            f"{cfg(r)}: {r['us'] - peer(r, 'ours'):+.2f}"
-            for r in counted
-            if r["us"] - peer(r, "ours") > 0.6
-        ],
-        len(counted),
-    )
-
     count_g = ours("sort", ("ours_count",), "graph")
-    ratio_row(
-        "sort with a count <= 1.0x sgl_align_cpp",
-        "graph",
-        [r for r in count_g if r["M"] in CPP_GRAPH_MS],
-        "sgl_align_cpp",
-        1.0,
-    )
-    big = [
-        r for r in count_g if r["M"] == 16384 and (r["num_experts"], r["topk"]) in LARGE_M_CEILINGS
-    ]
-    row(
-        "sort with a count at M = 16384 <= 25 us (257/9, 513/11), <= 40 us (896/16)",
-        "graph",
-        [
-            f"{cfg(r)}: {r['us']:.2f}"
-            for r in big
-            if r["us"] > LARGE_M_CEILINGS[(r["num_experts"], r["topk"])]
-        ],
-        len(big),
-    )
-    for impl in ("ours_count", "ours_adaptive"):
-        rows = [
-            r
-            for r in ours("sort", (impl,), "eager")
-            if r["M"] <= EAGER_MAX_M and r["block"] in EAGER_BLOCKS
-        ]
-        api = "mxfp4_moe_sort" if impl == "ours_count" else "adaptive_moe_sort"
+    for name, lo, hi, limit in SORT_GRAPH_TARGETS:
         ratio_row(
-            f"{api} with a count <= 2.0x sgl_align_cpp, M <= {EAGER_MAX_M}",
+            f"sort with a count, {name}: <= {limit}x sgl_align_cpp",
+            "graph",
+            [r for r in count_g if lo <= r["M"] <= hi],
+            "sgl_align_cpp",
+            limit,
+        )
+    for impl, api, limit in (
+        ("ours_count", "mxfp4_moe_sort with a count", 1.5),
+        ("ours_adaptive", "adaptive_moe_sort with a count", 2.0),
+    ):
+        rows = [r for r in ours("sort", (impl,), "eager") if r["M"] <= EAGER_MAX_M]
+        ratio_row(
+            f"{api}, M <= {EAGER_MAX_M}: <= {limit}x sgl_align_cpp",
             "eager",
             rows,
             "sgl_align_cpp",
-            2.0,
+            limit,
+        )
+    mask_g = ours("mask", ("ours",), "graph")
+    ratio_row(
+        "mask <= 0.35x SGLang's fill twice", "eager", ours("mask", ("ours",), "eager"),
+        "sgl_fill_x2", 0.35, mcfg,
+    )  # fmt: skip
+    row(
+        f"mask <= {MASK_GRAPH_CEILING_US} us, M <= 16384",
+        "graph",
+        [f"{mcfg(r)}: {r['us']:.2f}" for r in mask_g if r["us"] > MASK_GRAPH_CEILING_US],
+        len(mask_g),
+    )
+    guard_g = [r for r in ours("guard", ("ours",), "graph") if r["M"] <= GUARD_MAX_M]
+    row(
+        f"guard (with a count) <= {MASK_GRAPH_CEILING_US} us, M <= {GUARD_MAX_M}",
+        "graph",
+        [f"{mcfg(r)}: {r['us']:.2f}" for r in guard_g if r["us"] > MASK_GRAPH_CEILING_US],
+        len(guard_g),
+    )
+    ratio_row(
+        "guard's eager call no more than the mask's (same configuration)",
+        "eager",
+        ours("guard", ("ours",), "eager"),
+        "ours",
+        1.0,
+        mcfg,
+        kernel="mask",
+    )
+    if host is not None:
+        hrows = host["results"]
+
+        def hcfg(r: dict) -> str:
+            shape = f"{r['num_experts']}/{r['topk']} " if "num_experts" in r else ""
+            return f"{r['kernel']} {shape}M {r['M']}"
+
+        row(
+            f"host path: <= {HOST_PYTHON_CEILING_US} us of Python (host_cost.py `python`)",
+            "eager",
+            [
+                f"{hcfg(r)}: {r['python']:.2f}"
+                for r in hrows
+                if r["python"] > HOST_PYTHON_CEILING_US
+            ],
+            len(hrows),
+        )
+        row(
+            f"host path: call within {HOST_PER_LAUNCH_US} us per launch of the raw launcher calls",
+            "eager",
+            [
+                f"{hcfg(r)}: {r['call'] - r['raw']:+.2f} over {r['launches']} launch(es)"
+                for r in hrows
+                if r["call"] - r["raw"] > HOST_PER_LAUNCH_US * r["launches"]
+            ],
+            len(hrows),
+        )
+    return lines + [""]
+
+
+def host_section(host: dict | None) -> list[str]:
+    if host is None:
+        return []
+    lines = [
+        "## Host cost of an eager call (`benchmarks/host_cost.py`, host clock, us per call)",
+        "",
+        f"Device: {host['device']}; torch {host['torch']}; triton {host['triton']}. "
+        f"One small torch op (`x.zero_()`): {host['torch_op']:.2f} us. `call`: the whole "
+        "call, its direct program built; `python`: the same with the compiled launchers "
+        "replaced by a no-op; `raw`: the launches alone, bare calls of Triton's compiled "
+        "launcher with prebuilt arguments. `adaptive_*`: `adaptive_moe_sort` (it allocates "
+        "its outputs).",
+        "",
+        "| kernel | shape | M | launches | call | python | raw | adaptive call | adaptive "
+        "python | adaptive raw | sgl_align_cpp |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def f(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    for r in host["results"]:
+        shape = f"{r['num_experts']}/{r['topk']}" if "num_experts" in r else f"topk {r['topk']}"
+        lines.append(
+            f"| {r['kernel']} | {shape} | {r['M']} | {r['launches']} | {f(r['call'])} | "
+            f"{f(r['python'])} | {f(r['raw'])} | {f(r.get('adaptive_call'))} | "
+            f"{f(r.get('adaptive_python'))} | {f(r.get('adaptive_raw'))} | "
+            f"{f(r.get('sgl_align_cpp'))} |"
         )
     return lines + [""]
 
@@ -269,6 +343,8 @@ def plot(results: list[dict], out_dir: Path) -> list[str]:
     for r in results:
         if r["kernel"] == "mask" and r["topk"] == 8:
             series[("mask", r["mode"], r["impl"])].append((r["M"], r["us"]))
+        if r["kernel"] == "guard" and r["topk"] == 8 and r["impl"] == "ours":
+            series[("mask", r["mode"], "guard")].append((r["M"], r["us"]))
         if r["kernel"] == "sort" and (r["num_experts"], r["topk"], r["block"], r["padded"]) == (
             513,
             11,
@@ -277,14 +353,19 @@ def plot(results: list[dict], out_dir: Path) -> list[str]:
         ):
             series[("sort", r["mode"], r["impl"])].append((r["M"], r["us"]))
     charts = (
-        ("mask", "graph", "bench_mask.png", "mask padded rows, topk 8, graph replay"),
+        ("mask", "graph", "bench_mask.png", "mask padded rows and guard, topk 8, graph replay"),
         (
             "sort",
             "graph",
             "bench_sort.png",
             "MoE sort, NE 513, topk 11, block 16, half padded, graph replay",
         ),
-        ("mask", "eager", "bench_mask_eager.png", "mask padded rows, topk 8, eager (host-bound)"),
+        (
+            "mask",
+            "eager",
+            "bench_mask_eager.png",
+            "mask padded rows and guard, topk 8, eager (host-bound)",
+        ),
         (
             "sort",
             "eager",
@@ -317,6 +398,12 @@ def plot(results: list[dict], out_dir: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE / "results" / "h200.json")
+    ap.add_argument(
+        "--host-cost",
+        type=Path,
+        default=HERE / "results" / "h200-host-cost.json",
+        help="benchmarks/host_cost.py's JSON, if it exists: its table and targets",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     ap.add_argument("--plots-dir", type=Path, default=REPO / "docs")
     ap.add_argument(
@@ -365,11 +452,16 @@ def main(argv: list[str] | None = None) -> int:
             else "(no plots: matplotlib missing where this report was made)",
             "",
         ]
-    lines += targets_section(results, idx)
+    host = json.loads(a.host_cost.read_text()) if a.host_cost and a.host_cost.exists() else None
+    if host is not None and "python" not in host["results"][0]:
+        host = None  # an older host_cost.py's layout: not this report's table
+    lines += targets_section(results, idx, host)
+    lines += host_section(host)
     lines += launch_section(results)
-    lines += ["## Mask padded rows", ""]
+    lines += ["## Mask padded rows and the guard", ""]
     for mode in ("graph", "eager"):
         lines += mask_section(results, idx, mode)
+        lines += guard_section(results, idx, mode)
     lines += ["## MXFP4 aux sort", ""]
     for mode in ("graph", "eager"):
         for padded in ("half", "none"):

@@ -6,6 +6,9 @@ Per call, in CUDA-graph replay and eagerly, on the same inputs:
   ``sgl_fill_x2`` (SGLang 0.5.23's ``_fill_padded_rows`` called for ids, then weights) vs
   ``eager_index_put`` (older SGLang: ``arange`` + ``>=`` + boolean ``index_put_`` on each
   tensor).
+* guard, timed with the mask (interleaved in the same replays): ``ours``
+  (``guard_routing`` with a count: new ids and weights, one launch), ``ours_no_count``
+  and ``reference`` (``guard_routing_reference``, its plain-torch fallback).
 * sort: ``ours`` (``mxfp4_moe_sort`` without a count), ``ours_count`` (with one) and
   ``ours_adaptive`` (``adaptive_moe_sort`` with one: it allocates its outputs, as
   aiter's ``_adaptive_moe_sort`` does, and is what the aiter hook calls) vs
@@ -52,7 +55,13 @@ sys.path.insert(0, str(HERE))
 
 import triton.language as tl  # noqa: E402
 from peers_torch import torch_argsort_sort  # noqa: E402
-from sglang_amd_moe.kernels import adaptive_moe_sort, mask_padded_rows_, mxfp4_moe_sort  # noqa: E402
+from sglang_amd_moe.kernels import (  # noqa: E402
+    adaptive_moe_sort,
+    guard_routing,
+    guard_routing_reference,
+    mask_padded_rows_,
+    mxfp4_moe_sort,
+)
 from sglang_amd_moe.kernels.utils import KernelLauncher, max_sorted_size  # noqa: E402
 
 GRAPH_CALLS = 20
@@ -68,7 +77,9 @@ MASK_M = [1, 8, 64, 256, 1024, 4096, 16384]
 MASK_TOPK = [8, 11]
 SORT_SHAPES = [(257, 9), (513, 11), (896, 16)]
 SORT_BLOCKS = [16, 32]
-SORT_M = [1, 4, 16, 64, 256, 512, 4096, 16384]
+SORT_M = [1, 4, 16, 64, 256, 512, 1024, 4096, 16384]
+# Experts the guard admits on the mask's inputs (ids in [0, 256)).
+GUARD_EXPERTS = 257
 
 
 def _load_sgl_kernel():
@@ -125,7 +136,7 @@ def capture_graph(fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def replay_interleaved(graphs: dict[str, torch.cuda.CUDAGraph]) -> dict[str, float]:
+def replay_interleaved(graphs: dict) -> dict:
     """Median us per call of each graph, the graphs replayed in turn ``REPLAYS`` times.
 
     Interleaving the replays of every implementation of one configuration means they
@@ -155,7 +166,7 @@ def replay_interleaved(graphs: dict[str, torch.cuda.CUDAGraph]) -> dict[str, flo
     }
 
 
-def time_graphs(fns: dict[str, Callable[[], None]]) -> dict[str, float]:
+def time_graphs(fns: dict) -> dict:
     """Graph-replay us per call of each implementation of one configuration."""
     graphs = {name: capture_graph(fn) for name, fn in fns.items()}
     times = replay_interleaved(graphs)
@@ -183,6 +194,16 @@ def mask_impls(
     return {"ours": ours, "sgl_fill_x2": sgl_fill_x2, "eager_index_put": eager_index_put}
 
 
+def guard_impls(
+    ids: torch.Tensor, w: torch.Tensor, count: torch.Tensor
+) -> dict[str, Callable[[], None]]:
+    return {
+        "ours": lambda: guard_routing(ids, w, GUARD_EXPERTS, count),
+        "ours_no_count": lambda: guard_routing(ids, w, GUARD_EXPERTS),
+        "reference": lambda: guard_routing_reference(ids, w, GUARD_EXPERTS, count),
+    }
+
+
 def mask_inputs(M: int, topk: int, dev: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Routing ids and weights of ``M`` rows, half of them padded (the count is ``M // 2``)."""
     ids = torch.randint(0, 256, (M, topk), dtype=torch.int32, device=dev)
@@ -191,21 +212,25 @@ def mask_inputs(M: int, topk: int, dev: str) -> tuple[torch.Tensor, torch.Tensor
 
 
 def bench_mask(results: list[dict], fill_mod) -> None:
+    """The mask and its peers, and the guard, on the same inputs in the same replays."""
     dev = "cuda"
     for topk in MASK_TOPK:
         for M in MASK_M:
             ids, w, count = mask_inputs(M, topk, dev)
-            impls = mask_impls(ids, w, count, fill_mod)
+            # The guard reads its own copies (the mask writes its inputs in place).
+            gids, gw = ids.clone(), w.clone()
+            impls = {("mask", k): f for k, f in mask_impls(ids, w, count, fill_mod).items()}
+            impls.update({("guard", k): f for k, f in guard_impls(gids, gw, count).items()})
             graph_us = time_graphs(impls)
-            for impl, fn in impls.items():
-                for mode, us in (("graph", graph_us[impl]), ("eager", time_eager(fn))):
+            for (kernel, impl), fn in impls.items():
+                for mode, us in (("graph", graph_us[(kernel, impl)]), ("eager", time_eager(fn))):
                     results.append(
                         dict(
-                            kernel="mask",
+                            kernel=kernel,
                             impl=impl,
                             M=M,
                             topk=topk,
-                            num_experts=None,
+                            num_experts=GUARD_EXPERTS if kernel == "guard" else None,
                             block=None,
                             padded="half",
                             mode=mode,
@@ -213,8 +238,11 @@ def bench_mask(results: list[dict], fill_mod) -> None:
                         )
                     )
             print(
-                f"mask topk={topk} M={M}: "
-                + ", ".join(f"{r['impl']}/{r['mode']}={r['us']:.2f}" for r in results[-6:]),
+                f"mask/guard topk={topk} M={M}: "
+                + ", ".join(
+                    f"{r['kernel']}/{r['impl']}/{r['mode']}={r['us']:.2f}"
+                    for r in results[-2 * len(impls) :]
+                ),
                 flush=True,
             )
 
@@ -285,6 +313,7 @@ def sort_impls(
     BM: int,
     align_mod,
     cpp_align=None,
+    slow_peers: bool = True,
 ) -> dict[str, Callable[[], None]]:
     """``ids`` holds -1 past the count, as a padded CUDA-graph batch does."""
     M, topk = ids.shape
@@ -329,8 +358,9 @@ def sort_impls(
             cpp_align(ids_valid, NE + 1, BM, c_sorted, c_experts, c_post, c_cumsum, True)
 
         impls["sgl_align_cpp"] = sgl_align_cpp
-    impls["sgl_triton_align"] = sgl_triton_align
-    impls["torch_argsort"] = torch_argsort
+    if slow_peers:
+        impls["sgl_triton_align"] = sgl_triton_align
+        impls["torch_argsort"] = torch_argsort
     return impls
 
 
@@ -342,6 +372,7 @@ def bench_sort(
     ms,
     checkpoint: Callable[[], None],
     cpp_align=None,
+    slow_peers: bool = True,
 ) -> None:
     dev = "cuda"
     for NE, topk in shapes:
@@ -350,7 +381,7 @@ def bench_sort(
                 for padded in ("half", "none"):
                     n = M if padded == "none" else max(M // 2, 1)
                     ids, w, count = sort_inputs(M, topk, NE, n, dev)
-                    impls = sort_impls(ids, w, count, NE, BM, align_mod, cpp_align)
+                    impls = sort_impls(ids, w, count, NE, BM, align_mod, cpp_align, slow_peers)
                     graph_us = time_graphs(impls)
                     for impl, fn in impls.items():
                         for mode, us in (("graph", graph_us[impl]), ("eager", time_eager(fn))):
@@ -412,7 +443,7 @@ def bench_launch(results: list[dict]) -> None:
     )
 
 
-def warm(align_mod, fill_mod, cpp_align, shard: int, shards: int) -> None:
+def warm(align_mod, fill_mod, cpp_align, shard: int, shards: int, slow_peers: bool = True) -> None:
     """Call every benchmark configuration once, untimed, so that Triton compiles (and
     caches on disk) every kernel specialization the timed run needs; shard ``shard`` of
     ``shards`` takes every ``shards``-th configuration, so several processes share it."""
@@ -426,10 +457,11 @@ def warm(align_mod, fill_mod, cpp_align, shard: int, shards: int) -> None:
         if kernel == "mask":
             ids, w, count = mask_inputs(M, topk, "cuda")
             fns = mask_impls(ids, w, count, fill_mod)
+            fns.update({f"guard_{k}": f for k, f in guard_impls(ids, w, count).items()})
         else:
             ids, w, count = sort_inputs(M, topk, NE, max(M // 2, 1), "cuda")
-            fns = sort_impls(ids, w, count, NE, BM, align_mod, cpp_align)
-            fns.pop("torch_argsort")
+            fns = sort_impls(ids, w, count, NE, BM, align_mod, cpp_align, slow_peers)
+            fns.pop("torch_argsort", None)
         for fn in fns.values():
             fn()
     torch.cuda.synchronize()
@@ -445,13 +477,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--warm", metavar="I/N", help="only compile: shard I of N of the configurations"
     )
+    ap.add_argument(
+        "--no-slow-peers",
+        action="store_true",
+        help="leave out SGLang's Triton align and the torch argsort peer (tens to hundreds "
+        "of microseconds a call; no target is set against them)",
+    )
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks need a CUDA or ROCm GPU")
     cpp_align = _load_sgl_kernel()
     if a.warm:
         shard, shards = (int(v) for v in a.warm.split("/"))
-        warm(_load_peer("moe_align"), _load_peer("fill_padded_rows"), cpp_align, shard, shards)
+        warm(
+            _load_peer("moe_align"), _load_peer("fill_padded_rows"), cpp_align, shard, shards,
+            not a.no_slow_peers,
+        )  # fmt: skip
         return 0
     results: list[dict] = []
     if a.only in (None, "launch"):
@@ -472,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             ms,
             lambda: write(a.out, results),
             cpp_align,
+            not a.no_slow_peers,
         )
     write(a.out, results)
     print(f"wrote {len(results)} records to {a.out}")

@@ -18,9 +18,12 @@ mutating both tensors, with a fake implementation, so ``torch.compile`` can trac
 through it. On the CPU it runs the Triton kernel through the interpreter when Triton
 was imported with ``TRITON_INTERPRET=1``, and the plain-torch reference otherwise.
 
-Host cost: an eager call checks metadata only, looks its launch (grid, constants) up in
-a per-shape cache (:func:`mask_program`) and launches the compiled kernel directly
-(:class:`~sglang_amd_moe.kernels.utils.KernelLauncher`); it allocates nothing.
+Host cost: the first eager call of a signature (shapes, strides, dtypes, devices, fill
+value) runs the full checks and keeps a direct program
+(:class:`~sglang_amd_moe.kernels.utils.DirectProgram`); later calls of that signature
+read the three addresses, check their alignment and (when they changed) that the two
+routing tensors and the count do not overlap, and launch the compiled kernel with
+integer pointers. It allocates nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +36,18 @@ import triton.language as tl
 
 from ._validate import check_mask_call, check_mask_disjoint
 from .reference import mask_padded_rows_reference_
-from .utils import KernelLauncher, device_guard, launcher, triton_backend
+from .utils import (
+    DirectProgram,
+    KernelLauncher,
+    bounded_put,
+    capture_launches,
+    device_guard,
+    direct_calls_allowed,
+    hip_buffers_small,
+    launch_and_keep,
+    launcher,
+    triton_backend,
+)
 
 # Elements per program: small enough that a program finishes in well under a
 # microsecond, large enough that M = 4096 needs few programs. FLAT_BLOCK for contiguous
@@ -46,7 +60,7 @@ FLAT_NUM_WARPS = 8
 ROWS_NUM_WARPS = 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def _mask_padded_rows_kernel(
     ids_ptr,
     weights_ptr,
@@ -201,6 +215,10 @@ def _mask_padded_rows_fake(
     return None
 
 
+# Direct programs by call signature (see mask_padded_rows_).
+_DIRECT: dict[tuple, DirectProgram] = {}
+
+
 def mask_padded_rows_(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -216,6 +234,31 @@ def mask_padded_rows_(
     row stride may differ, e.g. a column slice of a wider buffer). Bad inputs raise
     ``TypeError``/``ValueError`` before anything is launched or written.
     """
+    key = None
+    if (
+        num_token_non_padded is not None
+        and not torch.compiler.is_compiling()
+        and direct_calls_allowed()
+    ):
+        try:
+            key = (
+                topk_ids.shape, topk_ids.stride(), topk_ids.dtype, topk_ids.device,
+                topk_weights.shape, topk_weights.stride(), topk_weights.dtype,
+                topk_weights.device, num_token_non_padded.shape, num_token_non_padded.dtype,
+                num_token_non_padded.device, type(fill_value), fill_value,
+            )  # fmt: skip
+            program = _DIRECT.get(key)
+        except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
+            key = program = None
+        if program is not None:
+            ptrs = (
+                topk_ids.data_ptr(), topk_weights.data_ptr(), num_token_non_padded.data_ptr()
+            )  # fmt: skip
+            if program.clear(ptrs) and hip_buffers_small(
+                topk_ids, topk_weights, num_token_non_padded
+            ):
+                program.launch(ptrs)
+                return
     count, rows, cols, stride_ids, stride_w = check_mask_call(
         topk_ids, topk_weights, num_token_non_padded, fill_value
     )
@@ -224,9 +267,26 @@ def mask_padded_rows_(
     if torch.compiler.is_compiling():
         # Traced by torch.compile: the custom op tells it both tensors are mutated.
         _mask_padded_rows_op(topk_ids, topk_weights, count, int(fill_value))
-    else:
-        # Eagerly (prefill, and graph capture), skip the dispatcher: going through the
-        # custom op costs ~30 us of host time per call, more than the launch itself.
-        _launch_mask(
-            topk_ids, topk_weights, count, int(fill_value), rows, cols, stride_ids, stride_w
-        )
+        return
+    # Eagerly (prefill, and graph capture), skip the dispatcher: going through the
+    # custom op costs ~30 us of host time per call, more than the launch itself.
+    args = (topk_ids, topk_weights, count, int(fill_value), rows, cols, stride_ids, stride_w)
+    if key is None:
+        _launch_mask(*args)
+        return
+    # The first call of this signature: launch, and keep its direct program.
+    with capture_launches() as launches:
+        _launch_mask(*args)
+    program = launch_and_keep(
+        launches,
+        topk_ids.device,
+        [topk_ids, topk_weights, count],
+        (
+            ((rows - 1) * stride_ids + cols) * topk_ids.element_size() if rows and cols else 0,
+            ((rows - 1) * stride_w + cols) * topk_weights.element_size() if rows and cols else 0,
+            count.element_size(),
+        ),
+        (True, True, False),
+    )
+    if program is not None:
+        bounded_put(_DIRECT, key, program)

@@ -8,8 +8,11 @@ same keyword arguments plus a trailing ``num_local_tokens``; it writes the outpu
 contract of the HIP kernel for the leading ``n`` rows only (``n`` read on the device),
 and is stronger in three ways:
 
-* deterministic: within an expert, pairs appear in ascending pair index (the HIP kernel
-  places them with atomics), so identical calls give bit-identical outputs;
+* deterministic below ``ATOMIC_MIN_ROWS`` (8192) rows or ``ATOMIC_MIN_EXPERTS`` (768)
+  experts, and at every size with ``SGLANG_AMD_MOE_DETERMINISTIC_SORT=1``: within an
+  expert, pairs appear in ascending
+  pair index (the HIP kernel places them with atomics), so identical calls give
+  bit-identical outputs;
 * ids outside ``[0, NE)`` in the real rows are dropped (``reverse_sorted = -1``),
   never counted into any expert's slots (older HIP kernels indexed ``count[-1]``);
 * any ``M`` works, from 1 to beyond 65536 (the HIP kernel's single-CTA sort is sized
@@ -23,9 +26,9 @@ inside its chunk is a row sum of the chunk's expert-equality matrix (lower trian
 No sort, no histogram op and no atomics: the result is deterministic by construction,
 and nothing here is CUDA-only. :func:`sort_plan` says what a shape launches.
 
-* Single launch, when ``next_pow2(M * TOPK) <= 64`` and ``next_pow2(M * TOPK) *
-  next_pow2(NE + 1) <= 16384`` (at NE 513/896 that is M = 1 with TOPK 9..16): the
-  place kernel counts the experts itself.
+* Single launch, up to ``TINY_PAIRS`` (32) pairs: one program works in pair space
+  (:func:`_sort_tiny_kernel`): [pairs, pairs] comparisons give every pair its rank, its
+  expert's count and first slot, whatever NE.
 * Otherwise the count kernel (one program per chunk) zeroes its chunk's row of an
   int32 count table, then writes each pair's in-chunk rank and the chunk's count of
   each present expert; then the place kernel (one program per chunk) writes the pairs.
@@ -45,16 +48,35 @@ scratch size depend on shapes only, so a call can be captured in a CUDA/HIP grap
 replayed with a new count. The same source runs on ROCm, NVIDIA and, with
 ``TRITON_INTERPRET=1``, on the CPU.
 
+Large batches over many experts (``M >= ATOMIC_MIN_ROWS`` and ``NE >=
+ATOMIC_MIN_EXPERTS``), as the C++ aligns of SGLang and vLLM and
+aiter's own HIP sort do: a count kernel histograms tiles of pairs into global counters
+and the program with the last ticket turns them into starts and a cursor (resetting
+the counters, so nothing is zeroed before a call); a place kernel gives each pair the
+next slot of its expert with an atomic add. Counts, ``cumsum_tensor``,
+``sorted_expert_ids``, the gap slots and which pairs are dropped are the same as the
+deterministic path's; only the order of pairs within an expert depends on timing.
+Callers that see it: any call with ``M >= 8192`` rows and ``NE >= 768`` experts
+(prefill and other large eager batches of the largest models; CUDA-graph decode batches
+are far smaller). aiter's consumers do not depend on
+it: its own HIP sort places pairs with ``atomicAdd`` on the expert's counter
+(``place_tokens`` in ``csrc/kernels/mxfp4_moe/moe_aux/moe_sort_quant.cuh``), its GEMM
+stages compute each sorted row on its own, and its scatter-reduce
+(``moe_scatter_reduce.cuh``) reads each token's rows through ``reverse_sorted`` in slot
+order, so the per-token sum does not depend on where the rows sit.
+
 Host cost. Everything that depends only on the shapes (the plan, the grids, the kernel
 launchers with their constants) is built once per shape and cached
 (:func:`sort_program`); the scratch buffer is reused between eager calls
-(:func:`~sglang_amd_moe.kernels.utils.scratch`); the checks read metadata only; and
-:func:`adaptive_moe_sort` checks only its inputs, since it allocates the outputs itself.
+(:func:`~sglang_amd_moe.kernels.utils.scratch`); the checks read metadata only;
+:func:`adaptive_moe_sort` checks only its inputs and allocates its outputs as views of
+one buffer; and a repeated signature takes a direct program (see ``mxfp4_moe_sort``).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -69,33 +91,52 @@ from ._validate import (
 )
 from .reference import mxfp4_moe_sort_reference
 from .utils import (
+    DirectProgram,
     KernelLauncher,
+    bounded_put,
+    capture_launches,
     device_guard,
+    direct_calls_allowed,
+    hip_buffers_small,
+    launch_and_keep,
     launcher,
     max_sorted_size,
     scratch,
     triton_backend,
+    zeroed_state,
 )
 
 # Pairs per chunk: a chunk's pairs are ranked with one [chunk, chunk] comparison (a
 # power of two; 64 keeps it at 32 values per thread with 4 warps). Up to
 # SMALL_BATCH_PAIRS pairs, smaller chunks (more programs, shorter each) were faster on
-# an H200; past it, 64.
+# an H200; past it, 64. (Chunks of 128 pairs counted at 16 warps, which would keep two
+# launches up to 4x further, took twice as long on an H200: 11.1 against 6.5 us at 257/9
+# M 256, 8.8 against 5.8 at 896/16 M 64, run 11 against run 9.)
 CHUNK_PAIRS = 64
 SMALL_BATCH_CHUNK_PAIRS = 32
 SMALL_BATCH_PAIRS = 2048
-# The single-launch path (all pairs in one chunk of at most CHUNK_PAIRS) counts every
-# expert in one [next_pow2(NE + 1), pairs] comparison: used while that has at most
-# SINGLE_MAX_ELEMS values.
-SINGLE_MAX_ELEMS = 16384
+# Up to TINY_PAIRS (token, slot) pairs the whole sort is one program in pair space
+# (_sort_tiny_kernel): [pairs, pairs] comparisons give each pair's rank, its expert's
+# count and first slot, so the cost does not depend on the expert count. On an H200 it
+# took 1.8-1.9 us at 9-16 pairs (M = 1; the former single launch 2.3-3.5), but 3.6-4.6
+# us at 36-64 pairs (M = 4), no faster than two launches there (3.4-4.2).
+TINY_PAIRS = 32
 # While the per-chunk count table ([chunks, next_pow2(NE + 1)]) has at most this many
 # values, every place program sums it itself (its chunk's offsets and the totals) and
 # the offsets kernel is not launched: a launch costs more than the redundant reads.
 INLINE_OFFSETS_MAX_ELEMS = 16384
 # Count-table values one place program reads per step on the inline-offsets path: 8 per
 # lane on AMD (4 waves of 64 lanes), which keeps the place kernel within 64 VGPRs (8
-# waves per SIMD) on gfx942/gfx950; 4096 needed about 90.
+# waves per SIMD) on gfx942/gfx950. A place grid smaller than LATENCY_BOUND_GRID puts
+# at most one program on a compute unit, so waves per SIMD beyond its own cannot be used
+# there: such a grid reads 4096 values per step (about 90 VGPRs on AMD; 0.2-0.9 us
+# faster per call at M 16-64 on an H200, where the sum is the place kernel's latency).
 INLINE_OFFSETS_TILE = 2048
+INLINE_OFFSETS_TILE_LATENCY_BOUND = 4096
+# Programs below which a grid counts as latency-bound: the compute units of the smaller
+# AMD target (256 on MI355X; MI300X has 304). tools/amd_compile's policy checks every
+# compilation that runs fewer than 8 waves per SIMD against the targets' counts.
+LATENCY_BOUND_GRID = 256
 # Offsets kernel: it writes the running counts once per group of GROUP_CHUNKS chunks,
 # to a table GROUP_CHUNKS times smaller than the count table; each place program adds
 # the counts of the at most GROUP_CHUNKS - 1 earlier chunks of its group. On an H200 at
@@ -125,9 +166,25 @@ ZERO_TILE = 4096
 COUNT_NUM_WARPS = 8
 OFFSETS_NUM_WARPS = 4
 PLACE_NUM_WARPS = 4
-# The single-launch path compares a [next_pow2(NE + 1), pairs] tile in one program: more
-# warps share it (measured faster on an H200 at M = 1, NE 513 and 896).
-SINGLE_NUM_WARPS = 8
+# The tiny path's [pairs, pairs] comparisons and [pairs, MB] gap tile in one program.
+TINY_NUM_WARPS = 4
+# From ATOMIC_MIN_ROWS rows on, with at least ATOMIC_MIN_EXPERTS experts, the sort
+# counts into global counters and places pairs with an atomic cursor
+# (_sort_atomic_count_kernel, _sort_atomic_place_kernel): there the dense per-chunk
+# count table of the deterministic path costs more than the scatter. On an H200 at
+# M = 16384 (run 11 against run 9): 896/16 41.7-43.8 us against 60.9-61.3 (half the
+# rows padded) and 54.8-54.9 against 65.0-65.3 (none); but 257/9 36.0 against 31.5
+# and 58.8-59.3 against 34.3-34.5, 513/11 40.6-40.7 against 40.2-40.6 and 57.7-57.9
+# against 43.3-43.6: with fewer experts, more pairs contend for each cursor. Within an
+# expert the pairs' order then depends on timing. SGLANG_AMD_MOE_DETERMINISTIC_SORT=1
+# (read at import) keeps the deterministic path at every size.
+ATOMIC_MIN_ROWS = 8192
+ATOMIC_MIN_EXPERTS = 768
+ATOMIC_COUNT_TILE = 4096  # pairs one count program histograms
+ATOMIC_PLACE_TILE = 1024  # pairs one place program places
+ATOMIC_COUNT_NUM_WARPS = 16  # 58 VGPRs at 1024 bins on gfx942 (8 warps: 70, 7 waves)
+ATOMIC_PLACE_NUM_WARPS = 4
+DETERMINISTIC = os.environ.get("SGLANG_AMD_MOE_DETERMINISTIC_SORT", "") in ("1", "true", "yes")
 
 
 @triton.jit
@@ -157,6 +214,68 @@ def _expert_of(ids_ptr, idx, limit, bound, stride_ids, NE: tl.constexpr, TOPK: t
 
 
 @triton.jit
+def _store_pairs(
+    sorted_token_ids_ptr,
+    m_indices_ptr,
+    sorted_weights_ptr,
+    sorted_expert_ids_ptr,
+    reverse_sorted_ptr,
+    idx,
+    slot,
+    e,
+    tok,
+    k_slot,
+    w,
+    ok,
+    all_pairs,
+    BLOCK: tl.constexpr,
+):
+    """Write pairs ``idx`` at their slots (where ``ok``) and every pair's reverse entry."""
+    tl.store(sorted_token_ids_ptr + slot, tok | (k_slot << 24), mask=ok)
+    tl.store(m_indices_ptr + slot, tok, mask=ok)
+    tl.store(sorted_weights_ptr + slot, w.to(tl.float32), mask=ok)
+    # Every block of an expert begins with a real pair: it names the block.
+    tl.store(sorted_expert_ids_ptr + slot // BLOCK, e, mask=ok & (slot % BLOCK == 0))
+    tl.store(reverse_sorted_ptr + idx, tl.where(ok, slot, -1), mask=idx < all_pairs)
+
+
+@triton.jit
+def _store_gaps(
+    sorted_token_ids_ptr,
+    m_indices_ptr,
+    sorted_weights_ptr,
+    gap_start,
+    gap_len,
+    M,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Fill ``gap_len[r]`` gap slots (row ``M``, weight 0) from ``gap_start[r]`` for each of
+    ``ROWS`` experts (``gap_len < BLOCK``)."""
+    g = tl.arange(0, BLOCK)
+    pos = gap_start[:, None] + g[None, :]
+    gap = g[None, :] < gap_len[:, None]
+    row_m = M + tl.zeros([ROWS, BLOCK], dtype=tl.int32)
+    tl.store(sorted_token_ids_ptr + pos, row_m, mask=gap)
+    tl.store(m_indices_ptr + pos, row_m, mask=gap)
+    tl.store(sorted_weights_ptr + pos, tl.zeros([ROWS, BLOCK], dtype=tl.float32), mask=gap)
+
+
+@triton.jit
+def _zero_part(zero_ptr, part, zero_numel, ZERO_PER_PROGRAM: tl.constexpr, ZERO_TILE: tl.constexpr):
+    """Zero part ``part`` (``ZERO_PER_PROGRAM`` elements) of ``bf16_zero_out``: stage 2
+    accumulates into all M rows."""
+    z0 = part.to(tl.int64) * ZERO_PER_PROGRAM
+    for zs in range(0, ZERO_PER_PROGRAM, ZERO_TILE):
+        offs = z0 + zs + tl.arange(0, ZERO_TILE)
+        tl.store(
+            zero_ptr + offs,
+            tl.zeros([ZERO_TILE], dtype=zero_ptr.dtype.element_ty),
+            mask=offs < zero_numel,
+        )
+
+
+@triton.jit(do_not_specialize=["M"])
 def _sort_count_kernel(
     ids_ptr,
     count_ptr,
@@ -235,7 +354,72 @@ def _sort_offsets_kernel(
     tl.store(offsets + num_groups.to(tl.int64) * NE + experts, running, mask=live)
 
 
-@triton.jit(do_not_specialize=["num_chunks", "num_sort_programs", "offsets_at"])
+@triton.jit(do_not_specialize=["M"])
+def _sort_tiny_kernel(
+    ids_ptr,
+    w_ptr,
+    count_ptr,
+    sorted_token_ids_ptr,
+    sorted_expert_ids_ptr,
+    cumsum_ptr,
+    reverse_sorted_ptr,
+    sorted_weights_ptr,
+    m_indices_ptr,
+    zero_ptr,
+    M,
+    stride_ids,
+    stride_w,
+    zero_numel,
+    NE: tl.constexpr,
+    TOPK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PAIRS: tl.constexpr,
+    ZERO_PER_PROGRAM: tl.constexpr,
+    ZERO_TILE: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
+):
+    """The whole sort of at most ``PAIRS`` pairs in program 0, in pair space; programs
+    ``p >= 1`` zero ``bf16_zero_out``.
+
+    Pair ``i``'s rank is the number of earlier pairs with its expert, its expert's count
+    the number of all such pairs; the expert's first pair (rank 0) stands for it: the
+    expert's first slot is the sum of the padded counts of the first pairs of smaller
+    experts, the total the sum over all first pairs, and the first pair fills its
+    expert's gap slots. Nothing is indexed by expert, so the cost does not depend on NE.
+    """
+    pid = tl.program_id(0)
+    if pid == 0:
+        n = _real_rows(count_ptr, M, HAS_COUNT)
+        all_pairs = M * TOPK
+        lane = tl.arange(0, PAIRS)
+        e = _expert_of(ids_ptr, lane, n * TOPK, all_pairs, stride_ids, NE, TOPK)
+        valid = e < NE
+        tok = lane // TOPK
+        k_slot = lane - tok * TOPK
+        w = tl.load(w_ptr + tok.to(tl.int64) * stride_w + k_slot, mask=valid, other=0.0)
+        same = (e[:, None] == e[None, :]) & valid[None, :]
+        rank = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
+        count = tl.sum(same.to(tl.int32), axis=1)
+        padded = (count + (BLOCK - 1)) // BLOCK * BLOCK
+        first = valid & (rank == 0)
+        smaller = (e[None, :] < e[:, None]) & first[None, :]
+        start = tl.sum(tl.where(smaller, padded[None, :], 0), axis=1)
+        _store_pairs(
+            sorted_token_ids_ptr, m_indices_ptr, sorted_weights_ptr, sorted_expert_ids_ptr,
+            reverse_sorted_ptr, lane, start + rank, e, tok, k_slot, w, valid, all_pairs, BLOCK,
+        )  # fmt: skip
+        # Each expert's first pair fills its gap slots (row M, weight 0).
+        _store_gaps(
+            sorted_token_ids_ptr, m_indices_ptr, sorted_weights_ptr, start + count,
+            tl.where(first, padded - count, 0), M, PAIRS, BLOCK,
+        )  # fmt: skip
+        tl.store(cumsum_ptr, tl.sum(tl.where(first, padded, 0), axis=0))
+        tl.store(cumsum_ptr + 1, n)
+    else:
+        _zero_part(zero_ptr, pid - 1, zero_numel, ZERO_PER_PROGRAM, ZERO_TILE)
+
+
+@triton.jit(do_not_specialize=["M", "num_chunks", "num_sort_programs", "offsets_at"])
 def _sort_place_kernel(
     ids_ptr,
     w_ptr,
@@ -267,7 +451,6 @@ def _sort_place_kernel(
     ZERO_TILE: tl.constexpr,
     INLINE_ROWS: tl.constexpr,
     HAS_COUNT: tl.constexpr,
-    SINGLE: tl.constexpr,
     INLINE: tl.constexpr,
 ):
     """Writes the sorted outputs. Programs by id ``p``:
@@ -280,9 +463,8 @@ def _sort_place_kernel(
       after the real pairs of ``GAP_EXPERTS`` experts.
     * ``p >= num_sort_programs``: zero ``ZERO_PER_PROGRAM`` elements of ``bf16_zero_out``.
 
-    Every sort program first works out each expert's total and first slot: by counting
-    its one chunk itself (``SINGLE``), by summing the count table (``INLINE``), or by
-    reading the totals the offsets kernel wrote.
+    Every sort program first works out each expert's total and first slot: by summing
+    the count table (``INLINE``), or by reading the totals the offsets kernel wrote.
     """
     pid = tl.program_id(0)
     if pid < num_sort_programs:
@@ -291,12 +473,7 @@ def _sort_place_kernel(
         all_pairs = M * TOPK
         experts = tl.arange(0, EXPERT_SLOTS)
         lane = tl.arange(0, CHUNK_PAIRS)
-        if SINGLE:
-            # One chunk: count it here (no scratch); its offsets are all zero.
-            e_chunk = _expert_of(ids_ptr, lane, real_pairs, all_pairs, stride_ids, NE, TOPK)
-            totals = tl.sum((e_chunk[None, :] == experts[:, None]).to(tl.int32), axis=1)
-            totals = tl.where(experts < NE, totals, 0)
-        elif INLINE:
+        if INLINE:
             # Sum the count table here: every expert's total, and this chunk's offset
             # per expert (the counts of the chunks before it).
             totals = tl.zeros([EXPERT_SLOTS], dtype=tl.int32)
@@ -334,11 +511,7 @@ def _sort_place_kernel(
             tok = idx // TOPK
             k_slot = idx - tok * TOPK
             w = tl.load(w_ptr + tok.to(tl.int64) * stride_w + k_slot, mask=known, other=0.0)
-            if SINGLE:
-                earlier = lane[None, :] < lane[:, None]
-                rank = tl.sum(((e[:, None] == e[None, :]) & earlier).to(tl.int32), axis=1)
-                slot = tl.gather(start, e, 0) + rank
-            elif INLINE:
+            if INLINE:
                 rank = tl.load(scratch_ptr + ranks_at + pid.to(tl.int64) * CHUNK_PAIRS + lane)
                 slot = tl.gather(start + before, e, 0) + rank
             else:
@@ -357,12 +530,10 @@ def _sort_place_kernel(
                     )
                 slot = tl.gather(start, e, 0) + first + rank
             ok = known & (idx < real_pairs)
-            tl.store(sorted_token_ids_ptr + slot, tok | (k_slot << 24), mask=ok)
-            tl.store(m_indices_ptr + slot, tok, mask=ok)
-            tl.store(sorted_weights_ptr + slot, w.to(tl.float32), mask=ok)
-            # Every block of an expert begins with a real pair: it names the block.
-            tl.store(sorted_expert_ids_ptr + slot // BLOCK, e, mask=ok & (slot % BLOCK == 0))
-            tl.store(reverse_sorted_ptr + idx, tl.where(ok, slot, -1), mask=idx < all_pairs)
+            _store_pairs(
+                sorted_token_ids_ptr, m_indices_ptr, sorted_weights_ptr, sorted_expert_ids_ptr,
+                reverse_sorted_ptr, idx, slot, e, tok, k_slot, w, ok, all_pairs, BLOCK,
+            )  # fmt: skip
         else:
             # Gap slots (row M, weight 0) after the real pairs of GAP_EXPERTS experts.
             ge = (pid - num_chunks) * GAP_EXPERTS + tl.arange(0, GAP_EXPERTS)
@@ -371,36 +542,148 @@ def _sort_place_kernel(
             counts = tl.gather(totals, ge, 0)
             gap_start = tl.gather(start, ge, 0) + counts
             gap_len = tl.where(live, tl.gather(padded, ge, 0) - counts, 0)
-            g = tl.arange(0, BLOCK)
-            pos = gap_start[:, None] + g[None, :]
-            gap = g[None, :] < gap_len[:, None]
-            row_m = M + tl.zeros([GAP_EXPERTS, BLOCK], dtype=tl.int32)
-            tl.store(sorted_token_ids_ptr + pos, row_m, mask=gap)
-            tl.store(m_indices_ptr + pos, row_m, mask=gap)
-            tl.store(
-                sorted_weights_ptr + pos, tl.zeros([GAP_EXPERTS, BLOCK], dtype=tl.float32), mask=gap
-            )
+            _store_gaps(
+                sorted_token_ids_ptr, m_indices_ptr, sorted_weights_ptr, gap_start, gap_len, M,
+                GAP_EXPERTS, BLOCK,
+            )  # fmt: skip
     else:
-        # Zero bf16_zero_out: stage 2 accumulates into all M rows.
-        z0 = (pid - num_sort_programs).to(tl.int64) * ZERO_PER_PROGRAM
-        for zs in range(0, ZERO_PER_PROGRAM, ZERO_TILE):
-            offs = z0 + zs + tl.arange(0, ZERO_TILE)
-            tl.store(
-                zero_ptr + offs,
-                tl.zeros([ZERO_TILE], dtype=zero_ptr.dtype.element_ty),
-                mask=offs < zero_numel,
-            )
+        _zero_part(zero_ptr, pid - num_sort_programs, zero_numel, ZERO_PER_PROGRAM, ZERO_TILE)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _sort_atomic_count_kernel(
+    ids_ptr,
+    count_ptr,
+    state_ptr,
+    work_ptr,
+    cumsum_ptr,
+    M,
+    stride_ids,
+    NE: tl.constexpr,
+    TOPK: tl.constexpr,
+    TILE: tl.constexpr,
+    BINS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
+):
+    """Large batches, step 1: program ``p`` histograms pairs ``[p * TILE, (p + 1) * TILE)``
+    by expert and adds the non-zero bins into the global counters (``state[1:NE + 1]``),
+    then takes a ticket (``state[0]``). The program with the last ticket turns the totals
+    into each expert's first slot, writes it to the cursor (``work[0:NE]``) and, for the
+    gap programs, to ``work[NE:2 * NE]`` with the totals (``work[2 * NE:3 * NE]``), writes
+    ``cumsum_tensor``, and resets the counters and the ticket to zero: no memset, no spin.
+
+    ``state`` must be zero when a call starts, and every call leaves it zero (it holds
+    nothing else). A program's counter updates are ordered before its ticket (a barrier,
+    then a release-acquire atomic); the last program reads the counters with atomic adds
+    of zero (at the coherence point, whatever any cache holds), then zeroes them and the
+    ticket with plain stores: every other program of the launch is done with them, and
+    the next call's launches are queued after this one. (Not atomic exchanges: Triton's
+    AMD backend emits a buffer-atomic exchange intrinsic that LLVM does not have.)
+    """
+    n = _real_rows(count_ptr, M, HAS_COUNT)
+    idx = tl.program_id(0) * TILE + tl.arange(0, TILE)
+    all_pairs = M * TOPK
+    e = _expert_of(ids_ptr, idx, n * TOPK, all_pairs, stride_ids, NE, TOPK)
+    hist = tl.histogram(e, BINS)
+    bins = tl.arange(0, BINS)
+    live = bins < NE
+    counters = state_ptr + 1
+    tl.atomic_add(counters + bins, hist, mask=live & (hist > 0), sem="relaxed")
+    tl.debug_barrier()
+    ticket = tl.atomic_add(state_ptr, 1, sem="acq_rel")
+    if ticket == tl.num_programs(0) - 1:
+        zeros = tl.zeros([BINS], dtype=tl.int32)
+        totals = tl.atomic_add(counters + bins, zeros, mask=live, sem="acquire")
+        totals = tl.where(live, totals, 0)
+        tl.store(counters + bins, zeros, mask=live)
+        padded = (totals + (BLOCK - 1)) // BLOCK * BLOCK
+        start = tl.cumsum(padded, axis=0) - padded
+        tl.store(work_ptr + bins, start, mask=live)  # the cursor
+        tl.store(work_ptr + NE + bins, start, mask=live)
+        tl.store(work_ptr + 2 * NE + bins, totals, mask=live)
+        tl.store(cumsum_ptr, tl.sum(padded, axis=0))
+        tl.store(cumsum_ptr + 1, n)
+        tl.store(state_ptr, 0)
+
+
+@triton.jit(do_not_specialize=["M", "num_chunks", "num_sort_programs"])
+def _sort_atomic_place_kernel(
+    ids_ptr,
+    w_ptr,
+    count_ptr,
+    work_ptr,
+    sorted_token_ids_ptr,
+    sorted_expert_ids_ptr,
+    reverse_sorted_ptr,
+    sorted_weights_ptr,
+    m_indices_ptr,
+    zero_ptr,
+    M,
+    stride_ids,
+    stride_w,
+    num_chunks,
+    num_sort_programs,
+    zero_numel,
+    NE: tl.constexpr,
+    TOPK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TILE: tl.constexpr,
+    GAP_EXPERTS: tl.constexpr,
+    ZERO_PER_PROGRAM: tl.constexpr,
+    ZERO_TILE: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
+):
+    """Large batches, step 2. Programs by id ``p``:
+
+    * ``p < num_chunks``: each real pair of ``[p * TILE, (p + 1) * TILE)`` takes the next
+      slot of its expert from the cursor (an atomic add), so within an expert the order
+      depends on timing; counts, ``cumsum_tensor`` and ``sorted_expert_ids`` do not.
+    * ``num_chunks <= p < num_sort_programs``: fill the gap slots of ``GAP_EXPERTS``
+      experts from the starts and totals of step 1.
+    * ``p >= num_sort_programs``: zero ``ZERO_PER_PROGRAM`` elements of ``bf16_zero_out``.
+    """
+    pid = tl.program_id(0)
+    if pid < num_chunks:
+        n = _real_rows(count_ptr, M, HAS_COUNT)
+        all_pairs = M * TOPK
+        idx = pid * TILE + tl.arange(0, TILE)
+        e = _expert_of(ids_ptr, idx, n * TOPK, all_pairs, stride_ids, NE, TOPK)
+        ok = e < NE
+        tok = idx // TOPK
+        k_slot = idx - tok * TOPK
+        w = tl.load(w_ptr + tok.to(tl.int64) * stride_w + k_slot, mask=ok, other=0.0)
+        slot = tl.atomic_add(work_ptr + e, 1, mask=ok, sem="relaxed")
+        _store_pairs(
+            sorted_token_ids_ptr, m_indices_ptr, sorted_weights_ptr, sorted_expert_ids_ptr,
+            reverse_sorted_ptr, idx, slot, e, tok, k_slot, w, ok, all_pairs, BLOCK,
+        )  # fmt: skip
+    elif pid < num_sort_programs:
+        ge = (pid - num_chunks) * GAP_EXPERTS + tl.arange(0, GAP_EXPERTS)
+        live = ge < NE
+        start = tl.load(work_ptr + NE + ge, mask=live, other=0)
+        totals = tl.load(work_ptr + 2 * NE + ge, mask=live, other=0)
+        gap_len = (totals + (BLOCK - 1)) // BLOCK * BLOCK - totals
+        _store_gaps(
+            sorted_token_ids_ptr, m_indices_ptr, sorted_weights_ptr, start + totals, gap_len, M,
+            GAP_EXPERTS, BLOCK,
+        )  # fmt: skip
+    else:
+        _zero_part(zero_ptr, pid - num_sort_programs, zero_numel, ZERO_PER_PROGRAM, ZERO_TILE)
 
 
 @dataclass(frozen=True)
 class SortPlan:
     """How :func:`mxfp4_moe_sort` launches for one shape (it depends on shapes only)."""
 
-    single: bool  # place kernel only (it counts the experts itself)
+    single: bool  # one launch: the whole sort in pair space (_sort_tiny_kernel)
+    atomic: bool  # count into global counters, place with an atomic cursor
     inline_offsets: bool  # count + place, the place kernel sums the count table itself
     launches: int  # 1 (single), 2 (count, place) or 3 (count, offsets, place)
     chunks: int  # pair chunks: count-kernel programs and pair-placing programs
-    chunk_pairs: int  # pairs per chunk (a power of two)
+    chunk_pairs: int  # pairs per chunk (a power of two; all pairs when single)
+    count_programs: int  # count-kernel programs
+    count_warps: int  # warps of the count kernel
     expert_slots: int  # next_pow2(NE + 1): the place kernel's per-expert vectors
     row_zero_tile: int  # count kernel: row values zeroed per step
     inline_rows: int  # place kernel, inline offsets: count-table rows summed per step
@@ -408,22 +691,64 @@ class SortPlan:
     groups: int  # groups of chunks
     gap_experts: int  # experts whose gap slots one gap program fills
     gap_programs: int  # place programs that fill gap slots
-    zero_programs: int  # place programs that zero bf16_zero_out
+    zero_programs: int  # programs that zero bf16_zero_out
     offset_rows: int  # offsets kernel: chunk rows per step
     offset_experts: int  # offsets kernel: experts per program
     offset_programs: int  # offsets-kernel programs (0 when it is not launched)
     ranks_at: int  # int32 scratch: counts [chunks, NE] | ranks [pairs] | offsets [groups + 1, NE]
     offsets_at: int
-    scratch_elems: int
+    scratch_elems: int  # atomic: cursor, starts, totals [3, NE]
+    state_elems: int  # atomic: the self-resetting ticket and counters [1 + NE]
 
 
-def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0, block: int = 16) -> SortPlan:
+# The tiny path also needs its gap tile ([next_pow2(pairs), MB] slots) within this many:
+# at [32, 128] the tiny kernel spills 22 SGPRs on gfx942 and gfx950 (the compile gate),
+# so at MB = 128 it stops at 16 pairs and the two-launch path takes 17-32.
+TINY_GAP_SLOTS = 2048
+
+
+def sort_plan(
+    M: int,
+    NE: int,
+    TOPK: int,
+    zero_numel: int = 0,
+    block: int = 16,
+    deterministic: bool = False,
+) -> SortPlan:
     """The launch plan for ``M`` rows of ``TOPK`` pairs over ``NE`` experts in blocks of
-    ``block`` slots (the block size only sizes the gap-filling programs)."""
+    ``block`` slots (the block size only sizes the gap-filling programs);
+    ``deterministic``: never the atomic path."""
     pairs = max(M * TOPK, 1)
     pairs_p2 = triton.next_power_of_2(pairs)
     experts_p2 = triton.next_power_of_2(NE + 1)
-    single = pairs_p2 <= CHUNK_PAIRS and pairs_p2 * experts_p2 <= SINGLE_MAX_ELEMS
+    gap_experts = max(1, min(MAX_GAP_EXPERTS, GAP_SLOTS // block))
+    if M >= ATOMIC_MIN_ROWS and NE >= ATOMIC_MIN_EXPERTS and not deterministic:
+        return SortPlan(
+            single=False,
+            atomic=True,
+            inline_offsets=False,
+            launches=2,
+            chunks=triton.cdiv(pairs, ATOMIC_PLACE_TILE),
+            chunk_pairs=ATOMIC_PLACE_TILE,
+            count_programs=triton.cdiv(pairs, ATOMIC_COUNT_TILE),
+            count_warps=ATOMIC_COUNT_NUM_WARPS,
+            expert_slots=experts_p2,
+            row_zero_tile=0,
+            inline_rows=0,
+            group_chunks=1,
+            groups=0,
+            gap_experts=gap_experts,
+            gap_programs=triton.cdiv(NE, gap_experts),
+            zero_programs=triton.cdiv(zero_numel, ZERO_PER_PROGRAM),
+            offset_rows=0,
+            offset_experts=0,
+            offset_programs=0,
+            ranks_at=0,
+            offsets_at=0,
+            scratch_elems=3 * NE,
+            state_elems=1 + NE,
+        )
+    single = pairs <= TINY_PAIRS and pairs_p2 * block <= TINY_GAP_SLOTS
     if single:
         chunk = pairs_p2
     else:
@@ -436,36 +761,46 @@ def sort_plan(M: int, NE: int, TOPK: int, zero_numel: int = 0, block: int = 16) 
     groups = triton.cdiv(chunks, group_chunks)
     offset_rows = min(triton.next_power_of_2(chunks), OFFSET_MAX_ROWS)
     offset_experts = max(1, min(OFFSET_TILE // offset_rows, triton.next_power_of_2(NE)))
-    gap_experts = max(1, min(MAX_GAP_EXPERTS, GAP_SLOTS // block))
+    gap_programs = triton.cdiv(NE, gap_experts)
+    zero_programs = triton.cdiv(zero_numel, ZERO_PER_PROGRAM)
+    place_grid = chunks + gap_programs + zero_programs
+    tile = INLINE_OFFSETS_TILE
+    if inline and place_grid < LATENCY_BOUND_GRID:
+        tile = INLINE_OFFSETS_TILE_LATENCY_BOUND
     ranks_at = 0 if single else chunks * NE
     offsets_at = ranks_at + (0 if single else chunks * chunk)
     return SortPlan(
         single=single,
+        atomic=False,
         inline_offsets=inline,
         launches=1 if single else 2 if inline else 3,
         chunks=chunks,
         chunk_pairs=chunk,
+        count_programs=0 if single else chunks,
+        count_warps=COUNT_NUM_WARPS,
         expert_slots=experts_p2,
         row_zero_tile=min(COUNT_ROW_TILE, triton.next_power_of_2(NE)),
-        inline_rows=max(1, INLINE_OFFSETS_TILE // experts_p2),
+        inline_rows=max(1, tile // experts_p2),
         group_chunks=group_chunks,
         groups=groups,
         gap_experts=gap_experts,
-        gap_programs=triton.cdiv(NE, gap_experts),
-        zero_programs=triton.cdiv(zero_numel, ZERO_PER_PROGRAM),
+        gap_programs=gap_programs,
+        zero_programs=zero_programs,
         offset_rows=offset_rows,
         offset_experts=offset_experts,
         offset_programs=triton.cdiv(NE, offset_experts) if three else 0,
         ranks_at=ranks_at,
         offsets_at=offsets_at,
         scratch_elems=0 if single else offsets_at + ((groups + 1) * NE if three else 0),
+        state_elems=0,
     )
 
 
 @dataclass(frozen=True)
 class SortProgram:
     """Everything a call of one shape launches, built once per shape (see
-    :func:`sort_program`): the plan, grids and launchers with their constants bound."""
+    :func:`sort_program`): the plan, grids and launchers with their constants bound.
+    A single-launch plan has only ``place`` (the tiny kernel)."""
 
     plan: SortPlan
     count: KernelLauncher | None
@@ -477,21 +812,66 @@ class SortProgram:
 
 @functools.lru_cache(maxsize=4096)
 def sort_program(
-    M: int, NE: int, TOPK: int, MB: int, zero_numel: int, has_count: bool
+    M: int,
+    NE: int,
+    TOPK: int,
+    MB: int,
+    zero_numel: int,
+    has_count: bool,
+    deterministic: bool = False,
 ) -> SortProgram:
     """The cached :class:`SortProgram` of a shape: nothing in it depends on the data."""
-    plan = sort_plan(M, NE, TOPK, zero_numel, MB)
-    count = offsets = None
-    if not plan.single:
+    plan = sort_plan(M, NE, TOPK, zero_numel, MB, deterministic)
+    if plan.atomic:
         count = launcher(
-            _sort_count_kernel,
+            _sort_atomic_count_kernel,
             NE=NE,
             TOPK=TOPK,
-            CHUNK_PAIRS=plan.chunk_pairs,
-            ROW_ZERO_TILE=plan.row_zero_tile,
+            TILE=ATOMIC_COUNT_TILE,
+            BINS=plan.expert_slots,
+            BLOCK=MB,
             HAS_COUNT=has_count,
-            num_warps=COUNT_NUM_WARPS,
+            num_warps=plan.count_warps,
         )
+        place = launcher(
+            _sort_atomic_place_kernel,
+            NE=NE,
+            TOPK=TOPK,
+            BLOCK=MB,
+            TILE=ATOMIC_PLACE_TILE,
+            GAP_EXPERTS=plan.gap_experts,
+            ZERO_PER_PROGRAM=ZERO_PER_PROGRAM,
+            ZERO_TILE=ZERO_TILE,
+            HAS_COUNT=has_count,
+            num_warps=ATOMIC_PLACE_NUM_WARPS,
+        )
+        sort_programs = plan.chunks + plan.gap_programs
+        return SortProgram(
+            plan, count, None, place, (sort_programs + plan.zero_programs,), sort_programs
+        )
+    if plan.single:
+        tiny = launcher(
+            _sort_tiny_kernel,
+            NE=NE,
+            TOPK=TOPK,
+            BLOCK=MB,
+            PAIRS=plan.chunk_pairs,
+            ZERO_PER_PROGRAM=ZERO_PER_PROGRAM,
+            ZERO_TILE=ZERO_TILE,
+            HAS_COUNT=has_count,
+            num_warps=TINY_NUM_WARPS,
+        )
+        return SortProgram(plan, None, None, tiny, (1 + plan.zero_programs,), 1)
+    count = launcher(
+        _sort_count_kernel,
+        NE=NE,
+        TOPK=TOPK,
+        CHUNK_PAIRS=plan.chunk_pairs,
+        ROW_ZERO_TILE=plan.row_zero_tile,
+        HAS_COUNT=has_count,
+        num_warps=plan.count_warps,
+    )
+    offsets = None
     if plan.offset_programs:
         offsets = launcher(
             _sort_offsets_kernel,
@@ -514,9 +894,8 @@ def sort_program(
         ZERO_TILE=ZERO_TILE,
         INLINE_ROWS=plan.inline_rows,
         HAS_COUNT=has_count,
-        SINGLE=plan.single,
         INLINE=plan.inline_offsets,
-        num_warps=SINGLE_NUM_WARPS if plan.single else PLACE_NUM_WARPS,
+        num_warps=PLACE_NUM_WARPS,
     )
     sort_programs = plan.chunks + plan.gap_programs
     return SortProgram(
@@ -544,46 +923,71 @@ def _launch_sort(
     k: int,
     mb: int,
     count: torch.Tensor | None,
-) -> None:
+) -> list[tuple[torch.Tensor, str, int, bool]]:
     """The launches of one sort, on checked arguments (Triton backends only);
-    ``zero_out``: the buffer to zero, if any."""
+    ``zero_out``: the buffer to zero, if any. Returns the int32 buffers the launches
+    took besides the call's tensors: ``(buffer, name, elements, zeroed)`` each."""
     zero_numel = 0 if zero_out is None else zero_out.numel()
-    prog = sort_program(m, ne, k, mb, zero_numel, count is not None)
+    prog = sort_program(m, ne, k, mb, zero_numel, count is not None, DETERMINISTIC)
     plan = prog.plan
     count_arg = cumsum_tensor if count is None else count  # placeholder: never read
+    zero_arg = sorted_weights if zero_out is None or zero_numel == 0 else zero_out
     device = topk_ids.device
     with device_guard(device):
         if plan.single:
-            buf = cumsum_tensor  # placeholder, never read
-        else:
-            buf = scratch("moe_sort", plan.scratch_elems, torch.int32, device)
+            prog.place(
+                prog.place_grid, topk_ids, topk_weight, count_arg, sorted_token_ids,
+                sorted_expert_ids, cumsum_tensor, reverse_sorted, sorted_weights, m_indices,
+                zero_arg, m, topk_ids.stride(0), topk_weight.stride(0), zero_numel,
+            )  # fmt: skip
+            return []
+        buf = scratch("moe_sort", plan.scratch_elems, torch.int32, device)
+        taken = [(buf, "moe_sort", plan.scratch_elems, False)]
+        if plan.atomic:
+            state = zeroed_state("moe_sort_counters", plan.state_elems, device)
+            taken.append((state, "moe_sort_counters", plan.state_elems, True))
             prog.count(
-                (plan.chunks,), topk_ids, count_arg, buf, m, topk_ids.stride(0), plan.ranks_at
-            )
-            if prog.offsets is not None:
-                prog.offsets((plan.offset_programs,), buf, plan.chunks, plan.offsets_at)
+                (plan.count_programs,), topk_ids, count_arg, state, buf, cumsum_tensor, m,
+                topk_ids.stride(0),
+            )  # fmt: skip
+            prog.place(
+                prog.place_grid, topk_ids, topk_weight, count_arg, buf, sorted_token_ids,
+                sorted_expert_ids, reverse_sorted, sorted_weights, m_indices, zero_arg, m,
+                topk_ids.stride(0), topk_weight.stride(0), plan.chunks, prog.sort_programs,
+                zero_numel,
+            )  # fmt: skip
+            return taken
+        prog.count((plan.chunks,), topk_ids, count_arg, buf, m, topk_ids.stride(0), plan.ranks_at)
+        if prog.offsets is not None:
+            prog.offsets((plan.offset_programs,), buf, plan.chunks, plan.offsets_at)
         prog.place(
-            prog.place_grid,
-            topk_ids,
-            topk_weight,
-            count_arg,
-            buf,
-            sorted_token_ids,
-            sorted_expert_ids,
-            cumsum_tensor,
-            reverse_sorted,
-            sorted_weights,
-            m_indices,
-            sorted_weights if zero_out is None or zero_numel == 0 else zero_out,
-            m,
-            topk_ids.stride(0),
-            topk_weight.stride(0),
-            plan.ranks_at,
-            plan.offsets_at,
-            plan.chunks,
-            prog.sort_programs,
-            zero_numel,
-        )
+            prog.place_grid, topk_ids, topk_weight, count_arg, buf, sorted_token_ids,
+            sorted_expert_ids, cumsum_tensor, reverse_sorted, sorted_weights, m_indices,
+            zero_arg, m, topk_ids.stride(0), topk_weight.stride(0), plan.ranks_at,
+            plan.offsets_at, plan.chunks, prog.sort_programs, zero_numel,
+        )  # fmt: skip
+    return taken
+
+
+def _sort_direct_program(
+    launches: list,
+    taken: list[tuple[torch.Tensor, str, int, bool]],
+    callers: list[torch.Tensor],
+    extents: tuple[int, ...],
+    written: tuple[bool, ...],
+    own: list[torch.Tensor],
+    device: torch.device,
+) -> DirectProgram | None:
+    """Launch what a first call of a signature recorded, and keep its direct program
+    (with the buffers the launches took)."""
+    own = [*own, *(t[0] for t in taken)]
+    buffers = tuple(t[1:] for t in taken)
+    return launch_and_keep(launches, device, callers, extents, written, own, buffers)
+
+
+# Direct programs by call signature (see mxfp4_moe_sort and adaptive_moe_sort).
+_DIRECT: dict[tuple, DirectProgram] = {}
+_ADAPTIVE_DIRECT: dict[tuple, tuple[DirectProgram, tuple]] = {}
 
 
 def mxfp4_moe_sort(
@@ -629,6 +1033,60 @@ def mxfp4_moe_sort(
     other or with the inputs. Bad inputs raise ``TypeError``/``ValueError`` before
     anything is written. No host synchronization; capturable in a CUDA/HIP graph.
     """
+    key = None
+    count = num_local_tokens
+    if (
+        not torch.compiler.is_compiling()
+        and direct_calls_allowed()
+        and type(M_logical) is int
+        and type(NE) is int
+        and type(TOPK) is int
+        and type(D_HIDDEN) is int
+        and type(D_INTER) is int
+        and type(MB) is int
+        and type(prologue) is int
+    ):
+        try:
+            key = (
+                topk_ids.shape, topk_ids.stride(), topk_ids.dtype, topk_ids.device,
+                topk_weight.shape, topk_weight.stride(), topk_weight.dtype, topk_weight.device,
+                sorted_token_ids.shape, sorted_token_ids.stride(), sorted_token_ids.dtype,
+                sorted_token_ids.device,
+                sorted_expert_ids.shape, sorted_expert_ids.stride(), sorted_expert_ids.dtype,
+                sorted_expert_ids.device,
+                cumsum_tensor.shape, cumsum_tensor.stride(), cumsum_tensor.dtype,
+                cumsum_tensor.device,
+                reverse_sorted.shape, reverse_sorted.stride(), reverse_sorted.dtype,
+                reverse_sorted.device,
+                sorted_weights.shape, sorted_weights.stride(), sorted_weights.dtype,
+                sorted_weights.device,
+                m_indices.shape, m_indices.stride(), m_indices.dtype, m_indices.device,
+                bf16_zero_out.shape, bf16_zero_out.stride(), bf16_zero_out.dtype,
+                bf16_zero_out.device,
+                bf16_zero_workspace.shape, bf16_zero_workspace.stride(),
+                bf16_zero_workspace.dtype, bf16_zero_workspace.device,
+                M_logical, NE, TOPK, D_HIDDEN, D_INTER, MB, prologue,
+                None if count is None else (count.shape, count.dtype, count.device),
+            )  # fmt: skip
+            program = _DIRECT.get(key)
+        except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
+            key = program = None
+        if program is not None:
+            ptrs = (
+                topk_ids.data_ptr(), topk_weight.data_ptr(), sorted_token_ids.data_ptr(),
+                sorted_expert_ids.data_ptr(), cumsum_tensor.data_ptr(),
+                reverse_sorted.data_ptr(), sorted_weights.data_ptr(), m_indices.data_ptr(),
+                bf16_zero_out.data_ptr(), bf16_zero_workspace.data_ptr(),
+            )  # fmt: skip
+            if count is not None:
+                ptrs = (*ptrs, count.data_ptr())
+            if program.clear(ptrs) and hip_buffers_small(
+                topk_ids, topk_weight, sorted_token_ids, sorted_weights, m_indices, bf16_zero_out
+            ):
+                program.launch(ptrs)
+                if bf16_zero_workspace.numel() > 0:
+                    bf16_zero_workspace.zero_()
+                return
     args = (
         topk_ids, topk_weight, sorted_token_ids, sorted_expert_ids, cumsum_tensor,
         reverse_sorted, sorted_weights, m_indices, bf16_zero_out, bf16_zero_workspace,
@@ -638,12 +1096,81 @@ def mxfp4_moe_sort(
     if triton_backend(topk_ids.device) == "torch-reference":
         mxfp4_moe_sort_reference(*args)
         return
-    _launch_sort(
+    launch = (
         topk_ids, topk_weight, sorted_token_ids, sorted_expert_ids, cumsum_tensor,
         reverse_sorted, sorted_weights, m_indices, bf16_zero_out, m, ne, k, mb, count,
     )  # fmt: skip
+    if key is None:
+        _launch_sort(*launch)
+    else:
+        # The first call of this signature: launch, and keep its direct program.
+        with capture_launches() as launches:
+            taken = _launch_sort(*launch)
+        callers = [
+            topk_ids, topk_weight, sorted_token_ids, sorted_expert_ids, cumsum_tensor,
+            reverse_sorted, sorted_weights, m_indices, bf16_zero_out, bf16_zero_workspace,
+        ]  # fmt: skip
+        extents = tuple(_extent(x) for x in callers)
+        written = (False, False) + (True,) * 8
+        if count is not None:
+            callers.append(count)
+            extents += (count.element_size(),)
+            written += (False,)
+        program = _sort_direct_program(
+            launches, taken, callers, extents, written, [], topk_ids.device
+        )
+        if program is not None:
+            bounded_put(_DIRECT, key, program)
     if bf16_zero_workspace.numel() > 0:
         bf16_zero_workspace.zero_()
+
+
+def _extent(x: torch.Tensor) -> int:
+    """Bytes from a checked tensor's first element to the end of its last (0 if empty)."""
+    if x.numel() == 0:
+        return 0
+    last = sum((n - 1) * st for n, st in zip(x.shape, x.stride(), strict=True))
+    return (last + 1) * x.element_size()
+
+
+@dataclass(frozen=True)
+class AdaptiveLayout:
+    """Where :func:`adaptive_moe_sort`'s int32/float32 outputs lie in its one int32
+    arena: ``sizes`` splits it (outputs and 16-byte pads alternating), ``offsets`` are
+    the outputs' first elements; ``moe_shape`` is ``moe_buf``'s."""
+
+    total: int
+    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    moe_shape: tuple[int, int]
+
+
+@functools.lru_cache(maxsize=4096)
+def adaptive_layout(M: int, topk: int, NE: int, BM: int, model_dim: int, atomic: bool):
+    """The arena layout of one shape: sorted_token_ids, sorted_expert_ids, num_valid_ids,
+    reverse_sorted, sorted_weights, m_indices (sizes as aiter's ``_adaptive_moe_sort``)."""
+    max_sorted = max_sorted_size(M, topk, NE, BM)
+    numels = (max_sorted, max_sorted // BM, 2, M * topk, max_sorted, max_sorted)
+    sizes, offsets, at = [], [], 0
+    for n in numels:
+        pad = -n % 4  # keep every output 16-byte aligned
+        sizes += [n, pad]
+        offsets.append(at)
+        at += n + pad
+    return AdaptiveLayout(at, tuple(sizes), tuple(offsets), (M, model_dim) if atomic else (0, 0))
+
+
+def _adaptive_outputs(
+    layout: AdaptiveLayout, moebuf_dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """``(sorted_token_ids, sorted_expert_ids, num_valid_ids, reverse_sorted,
+    sorted_weights, m_indices, moe_buf)``: one int32 arena split in one call, and
+    ``moe_buf``."""
+    parts = torch.empty(layout.total, dtype=torch.int32, device=device).split(layout.sizes)
+    moe_buf = torch.empty(layout.moe_shape, dtype=moebuf_dtype, device=device)
+    return (
+        parts[0], parts[2], parts[4], parts[6], parts[8].view(torch.float32), parts[10], moe_buf,
+    )  # fmt: skip
 
 
 def adaptive_moe_sort(
@@ -669,6 +1196,42 @@ def adaptive_moe_sort(
     in aiter) and ``[0, 0]`` otherwise. Only the inputs are checked: the outputs are
     this function's own fresh buffers.
     """
+    key = None
+    count = num_local_tokens
+    if (
+        not torch.compiler.is_compiling()
+        and direct_calls_allowed()
+        and type(num_experts) is int
+        and type(topk) is int
+        and type(block_size) is int
+        and type(model_dim) is int
+    ):
+        try:
+            key = (
+                topk_ids.shape, topk_ids.stride(), topk_ids.dtype, topk_ids.device,
+                topk_weights.shape, topk_weights.stride(), topk_weights.dtype,
+                topk_weights.device, num_experts, topk, block_size, model_dim, bool(atomic),
+                moebuf_dtype, None if count is None else (count.shape, count.dtype, count.device),
+            )  # fmt: skip
+            found = _ADAPTIVE_DIRECT.get(key)
+        except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
+            key = found = None
+        if found is not None:
+            program, layout = found
+            device = key[3]
+            outs = _adaptive_outputs(layout, moebuf_dtype, device)
+            base = outs[0].data_ptr()
+            o = layout.offsets
+            ptrs = (
+                topk_ids.data_ptr(), topk_weights.data_ptr(), base, base + 4 * o[1],
+                base + 4 * o[2], base + 4 * o[3], base + 4 * o[4], base + 4 * o[5],
+                outs[6].data_ptr(),
+            )  # fmt: skip
+            if count is not None:
+                ptrs = (*ptrs[:2], count.data_ptr(), *ptrs[2:])
+            if program.clear(ptrs) and hip_buffers_small(topk_ids, topk_weights):
+                program.launch(ptrs)
+                return _adaptive_result(outs, emit_aux)
     topk_ids = check_tensor("topk_ids", topk_ids)
     if topk_ids.dim() != 2:
         raise ValueError(f"topk_ids must be 2-D [rows, topk], got shape {tuple(topk_ids.shape)}")
@@ -678,15 +1241,10 @@ def adaptive_moe_sort(
     )  # fmt: skip
     model_dim = check_int("model_dim", model_dim, 0)
     device = topk_ids.device
-    max_sorted = max_sorted_size(M, topk, num_experts, BM)
-    i32 = torch.int32
-    sorted_token_ids = torch.empty(max_sorted, dtype=i32, device=device)
-    sorted_expert_ids = torch.empty(max_sorted // BM, dtype=i32, device=device)
-    num_valid_ids = torch.empty(2, dtype=i32, device=device)
-    sorted_weights = torch.empty(max_sorted, dtype=torch.float32, device=device)
-    reverse_sorted = torch.empty(M * topk, dtype=i32, device=device)
-    m_indices = torch.empty(max_sorted, dtype=i32, device=device)
-    moe_buf = torch.empty((M, model_dim) if atomic else (0, 0), dtype=moebuf_dtype, device=device)
+    layout = adaptive_layout(M, topk, num_experts, BM, model_dim, bool(atomic))
+    outs = _adaptive_outputs(layout, moebuf_dtype, device)
+    sorted_token_ids, sorted_expert_ids, num_valid_ids, reverse_sorted = outs[:4]
+    sorted_weights, m_indices, moe_buf = outs[4:]
     zero_out = moe_buf if (atomic and BM == 16) else None
     if triton_backend(device) == "torch-reference":
         empty_bf16 = torch.empty(0, dtype=torch.bfloat16, device=device)
@@ -696,13 +1254,32 @@ def adaptive_moe_sort(
             empty_bf16 if zero_out is None else zero_out, empty_bf16,
             M, num_experts, topk, model_dim, 1, BM, 0 if BM == 16 else 1, count,
         )  # fmt: skip
-    else:
-        _launch_sort(
-            topk_ids, topk_weights, sorted_token_ids, sorted_expert_ids, num_valid_ids,
-            reverse_sorted, sorted_weights, m_indices, zero_out, M, num_experts, topk, BM,
-            count,
-        )  # fmt: skip
-    std = (sorted_token_ids, sorted_weights, sorted_expert_ids, num_valid_ids, moe_buf)
+        return _adaptive_result(outs, emit_aux)
+    launch = (
+        topk_ids, topk_weights, sorted_token_ids, sorted_expert_ids, num_valid_ids,
+        reverse_sorted, sorted_weights, m_indices, zero_out, M, num_experts, topk, BM, count,
+    )  # fmt: skip
+    if key is None:
+        _launch_sort(*launch)
+        return _adaptive_result(outs, emit_aux)
+    # The first call of this signature: launch, and keep its direct program.
+    with capture_launches() as launches:
+        taken = _launch_sort(*launch)
+    callers = [topk_ids, topk_weights] + ([] if count is None else [count])
+    own = [sorted_token_ids, sorted_expert_ids, num_valid_ids, reverse_sorted, sorted_weights]
+    own += [m_indices, moe_buf]
+    program = _sort_direct_program(
+        launches, taken, callers, (0,) * len(callers), (False,) * len(callers), own, device
+    )
+    if program is not None:
+        bounded_put(_ADAPTIVE_DIRECT, key, (program, layout))
+    return _adaptive_result(outs, emit_aux)
+
+
+def _adaptive_result(outs: tuple[torch.Tensor, ...], emit_aux: bool) -> tuple[torch.Tensor, ...]:
+    """aiter's return order: ``(sorted_token_ids, sorted_weights, sorted_expert_ids,
+    num_valid_ids, moe_buf)``, plus ``(m_indices, reverse_sorted)`` with ``emit_aux``."""
+    std = (outs[0], outs[4], outs[1], outs[2], outs[6])
     if emit_aux:
-        return (*std, m_indices, reverse_sorted)
+        return (*std, outs[5], outs[3])
     return std

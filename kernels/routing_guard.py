@@ -27,6 +27,12 @@ It is a ``torch.library`` custom op (``torch.ops.sglang_amd_moe.guard_routing``)
 fake implementation, so ``torch.compile`` can trace through it; eager calls skip the
 dispatcher. On the CPU it runs the Triton kernel through the interpreter when Triton was
 imported with ``TRITON_INTERPRET=1``, and :func:`guard_routing_reference` otherwise.
+
+Host cost: the first eager call of a signature (shapes, strides, dtypes, devices, expert
+count) runs the full checks and keeps a direct program
+(:class:`~sglang_amd_moe.kernels.utils.DirectProgram`); later calls of that signature
+allocate the two outputs, read the addresses and launch the compiled kernel with integer
+pointers. The inputs are only read, so no overlap check is needed.
 """
 
 from __future__ import annotations
@@ -39,7 +45,18 @@ import triton.language as tl
 
 from ._validate import check_guard_call
 from .reference import guard_routing_reference
-from .utils import KernelLauncher, device_guard, launcher, triton_backend
+from .utils import (
+    DirectProgram,
+    KernelLauncher,
+    bounded_put,
+    capture_launches,
+    device_guard,
+    direct_calls_allowed,
+    hip_buffers_small,
+    launch_and_keep,
+    launcher,
+    triton_backend,
+)
 
 # Elements per program. Contiguous inputs: a run of consecutive elements; strided ones:
 # rows x next_pow2(K) columns. Every element is read and written (the outputs are new),
@@ -221,6 +238,11 @@ def _guard_routing_fake(
     )
 
 
+# Direct programs by call signature, and whether both inputs are contiguous (see
+# guard_routing).
+_DIRECT: dict[tuple, tuple[DirectProgram, bool]] = {}
+
+
 def guard_routing(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -240,9 +262,62 @@ def guard_routing(
     ``TypeError``/``ValueError`` before anything is launched. No host synchronization;
     capturable in a CUDA/HIP graph.
     """
+    key = None
+    if not torch.compiler.is_compiling() and direct_calls_allowed():
+        try:
+            count_key = (
+                None
+                if num_local_tokens is None
+                else (num_local_tokens.shape, num_local_tokens.dtype, num_local_tokens.device)
+            )
+            key = (
+                topk_ids.shape, topk_ids.stride(), topk_ids.dtype, topk_ids.device,
+                topk_weights.shape, topk_weights.stride(), topk_weights.dtype,
+                topk_weights.device, type(num_experts), num_experts, count_key,
+            )  # fmt: skip
+            found = _DIRECT.get(key)
+        except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
+            key = found = None
+        if found is not None:
+            program, contiguous = found
+            if contiguous:  # empty_like of a contiguous tensor is contiguous, and cheaper
+                out_ids, out_w = torch.empty_like(topk_ids), torch.empty_like(topk_weights)
+            else:
+                out_ids = torch.empty(key[0], dtype=key[2], device=key[3])
+                out_w = torch.empty(key[0], dtype=key[6], device=key[3])
+            if num_local_tokens is None:
+                ptrs = (
+                    topk_ids.data_ptr(), topk_weights.data_ptr(), out_ids.data_ptr(),
+                    out_w.data_ptr(),
+                )  # fmt: skip
+            else:
+                ptrs = (
+                    topk_ids.data_ptr(), topk_weights.data_ptr(), num_local_tokens.data_ptr(),
+                    out_ids.data_ptr(), out_w.data_ptr(),
+                )  # fmt: skip
+            if program.clear(ptrs) and hip_buffers_small(topk_ids, topk_weights):
+                program.launch(ptrs)
+                return out_ids, out_w
     count, num_experts = check_guard_call(topk_ids, topk_weights, num_experts, num_local_tokens)
     if torch.compiler.is_compiling():
         return _guard_routing_op(topk_ids, topk_weights, num_experts, count)
     # Eagerly (and under graph capture), skip the dispatcher: it costs more host time
     # than the launch itself.
-    return _launch_guard(topk_ids, topk_weights, num_experts, count)
+    if key is None:
+        return _launch_guard(topk_ids, topk_weights, num_experts, count)
+    # The first call of this signature: launch, and keep its direct program.
+    with capture_launches() as launches:
+        out_ids, out_w = _launch_guard(topk_ids, topk_weights, num_experts, count)
+    callers = [topk_ids, topk_weights] + ([] if count is None else [count])
+    program = launch_and_keep(
+        launches,
+        topk_ids.device,
+        callers,
+        (0,) * len(callers),  # only read: no overlap to check
+        (False,) * len(callers),
+        own=[out_ids, out_w],
+    )
+    if program is not None:
+        contiguous = topk_ids.is_contiguous() and topk_weights.is_contiguous()
+        bounded_put(_DIRECT, key, (program, contiguous))
+    return out_ids, out_w

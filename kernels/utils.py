@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import operator
 import os
 import threading
 from collections.abc import Iterator
@@ -305,6 +306,16 @@ class KernelLauncher:
         elif kinds != self._kinds:
             self._key = _generic_key
 
+    def handle(self, args: tuple) -> tuple | None:
+        """``(run, function, packed metadata)`` of the compiled kernel this launcher has
+        launched for arguments like ``args`` on the current device, or None (not
+        compiled yet, or kept on Triton's own path)."""
+        try:
+            key = (_current_device(), self._key(*args))
+        except Exception:  # noqa: BLE001 - arguments it cannot key
+            return None
+        return self._compiled.get(key) or None
+
     def compiled_count(self) -> int:
         """How many specializations this launcher launches directly (for tests)."""
         return sum(1 for c in self._compiled.values() if c is not False)
@@ -329,6 +340,206 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
     :func:`launcher` object instead, which saves building its key on every call.
     """
     launcher(kernel, **meta)(grid, *args)
+
+
+# ----------------------------------------------------------------------- direct calls
+# The lean host path of an eager call. What depends only on a call's signature (shapes,
+# strides, dtypes, devices, sizes) is checked once, by the full checks, on the first
+# call with that signature, and kept with everything the call launches: the compiled
+# kernels' handles, grids, integer arguments and constants (a DirectProgram). A later
+# call with the same signature reads its tensors' addresses, checks what depends on
+# them (16-byte alignment, as one OR of the addresses; on AMD each buffer within 2 GiB;
+# overlap, when the addresses differ from the last call's) and launches the compiled
+# kernels with integer pointers. Anything else (a new signature, a misaligned tensor,
+# addresses whose spans overlap, a launch hook, capture_launches, the interpreter)
+# takes the full path, which raises what it always raised.
+
+
+def direct_calls_allowed() -> bool:
+    """Whether a call may take its direct program now: compiled kernels launched
+    directly, no :func:`capture_launches` block, no launch hook (a profiler's)."""
+    return (
+        FAST_LAUNCH and not _INTERPRETING and _CAPTURED.get() is None and not _launch_hooks_active()
+    )
+
+
+def _picker(slots: tuple[int, ...]):
+    """A callable returning ``tuple(ptrs[i] for i in slots)``, fast."""
+    if len(slots) == 1:
+        (only,) = slots
+        return lambda ptrs: (ptrs[only],)
+    return operator.itemgetter(*slots)
+
+
+class DirectLaunch:
+    """One launch of a :class:`DirectProgram`: a compiled kernel's launcher and handles,
+    its grid, which of the call's pointers it takes (in its parameter order: pointers
+    first), and its integer arguments and constants."""
+
+    __slots__ = ("run", "function", "packed", "g0", "g1", "g2", "pick", "tail")
+
+    def __init__(self, handle: tuple, grid: tuple, slots: tuple[int, ...], tail: tuple) -> None:
+        self.run, self.function, self.packed = handle
+        self.g0 = grid[0]
+        self.g1 = grid[1] if len(grid) > 1 else 1
+        self.g2 = grid[2] if len(grid) > 2 else 1
+        self.pick = _picker(slots)
+        self.tail = tail
+
+    def __call__(self, stream: int, ptrs: tuple) -> None:
+        self.run(
+            self.g0, self.g1, self.g2, stream, self.function, self.packed, None, None, None,
+            *self.pick(ptrs), *self.tail,
+        )  # fmt: skip
+
+
+class DirectProgram:
+    """Every launch of one call signature, launched with the call's pointers.
+
+    ``extents``: bytes each caller pointer addresses (in pointer order), ``written``:
+    which of them the launches write. :meth:`clear` tells whether a call's pointers may
+    take the program: aligned, and no written span overlapping another span (checked
+    only when the pointers differ from the last call's). ``buffers``: the int32 buffers
+    the launches take after the call's pointers, each ``(name, elements, zeroed)``: a
+    :func:`scratch` buffer, or (``zeroed``) a :func:`zeroed_state` one."""
+
+    __slots__ = ("launches", "index", "extents", "written", "last", "callers", "buffers")
+
+    def __init__(
+        self,
+        launches: list[DirectLaunch],
+        index: int,
+        extents: tuple[int, ...],
+        written: tuple[bool, ...],
+        buffers: tuple[tuple[str, int, bool], ...] = (),
+    ) -> None:
+        self.launches = launches
+        self.index = index
+        self.extents = extents
+        self.written = written
+        self.callers = len(extents)
+        self.last: tuple | None = None
+        self.buffers = buffers
+
+    def clear(self, ptrs: tuple) -> bool:
+        """Whether ``ptrs`` (the caller's tensors' addresses, then the program's own
+        buffers) are 16-byte aligned and the caller's spans do not overlap where the
+        program writes. Spans that overlap go to the full path, which checks byte-exactly."""
+        callers = ptrs[: self.callers]
+        if callers == self.last:
+            return True
+        acc = 0
+        for p in ptrs:
+            acc |= p
+        if acc & 15:
+            return False
+        spans = sorted(
+            (p, p + n, w) for p, n, w in zip(callers, self.extents, self.written, strict=True) if n
+        )
+        end_any = end_written = -1
+        for start, end, written in spans:
+            if start < (end_any if written else end_written):
+                return False
+            end_any = max(end_any, end)
+            if written:
+                end_written = max(end_written, end)
+        self.last = callers
+        return True
+
+    def launch(self, ptrs: tuple) -> None:
+        index = self.index
+        if _current_device() != index:
+            with torch.cuda.device(index):
+                self._launch(_current_raw_stream(index), ptrs)
+        else:
+            self._launch(_current_raw_stream(index), ptrs)
+
+    def _launch(self, stream: int, ptrs: tuple) -> None:
+        # Hold the buffers until every launch is queued: under graph capture they are
+        # fresh, and one freed early could be handed out again within the call.
+        held = []
+        for name, numel, zeroed in self.buffers:
+            buf = (state_on if zeroed else scratch_on)(self.index, stream, name, numel)
+            held.append(buf)
+            ptrs = (*ptrs, buf.data_ptr())
+        for launch in self.launches:
+            launch(stream, ptrs)
+        del held
+
+
+def launch_and_keep(
+    launches: list[Launch],
+    device: torch.device,
+    callers: list[torch.Tensor],
+    extents: tuple[int, ...],
+    written: tuple[bool, ...],
+    own: list[torch.Tensor] = (),
+    buffers: tuple[tuple[str, int, bool], ...] = (),
+) -> DirectProgram | None:
+    """Make the ``launches`` recorded by :func:`capture_launches` (on ``device``) through
+    their launchers (so each specialization is compiled) and return their
+    :class:`DirectProgram`, or None when one of them cannot be launched directly (kept on
+    Triton's path, a tensor argument that is neither one of ``callers`` nor one of
+    ``own``, an argument that is neither a tensor nor an int, a pointer that is not
+    16-byte aligned, or on AMD a buffer past 2 GiB: then every call takes the full path).
+
+    ``callers``: the call's tensors in the order its direct path reads their addresses
+    (``extents``: the bytes each spans, ``written``: which the launches write); ``own``:
+    buffers the direct path allocates (outputs), whose addresses follow them, then the
+    program's ``buffers`` (the last ``len(buffers)`` of ``own``)."""
+    with device_guard(device):
+        for launch in launches:
+            launcher(launch.kernel, **launch.meta)(launch.grid, *launch.args)
+        tensors = [*callers, *own]
+        if not launches or any(t.data_ptr() & 15 for t in tensors):
+            return None
+        if _IS_HIP and any(t.untyped_storage().nbytes() > _TWO_GIB for t in tensors):
+            return None
+        direct = [_direct_launch(launch, tensors) for launch in launches]
+    if any(d is None for d in direct):
+        return None
+    return DirectProgram(
+        direct, device.index if device.index is not None else 0, extents, written, buffers
+    )
+
+
+def _direct_launch(launch: Launch, tensors: list[torch.Tensor]) -> DirectLaunch | None:
+    """``launch`` as a :class:`DirectLaunch` taking its pointers from ``tensors``' slots,
+    or None (see :func:`launch_and_keep`)."""
+    runner = launcher(launch.kernel, **launch.meta)
+    handle = runner.handle(launch.args)
+    if handle is None or runner._nargs != len(launch.args):
+        return None
+    slots, ints = [], []
+    for a in launch.args:
+        if isinstance(a, torch.Tensor):
+            if ints:  # a pointer after an int: not this layout
+                return None
+            found = next((i for i, t in enumerate(tensors) if a is t), None)
+            if found is None:
+                return None
+            slots.append(found)
+        elif type(a) is int:
+            ints.append(a)
+        else:
+            return None
+    if not slots:
+        return None
+    return DirectLaunch(handle, launch.grid, tuple(slots), (*ints, *runner._constexprs))
+
+
+def hip_buffers_small(*tensors: torch.Tensor) -> bool:
+    """On AMD, whether every tensor's buffer spans at most 2 GiB (what the direct
+    programs were compiled for); True elsewhere."""
+    return not _IS_HIP or all(t.untyped_storage().nbytes() <= _TWO_GIB for t in tensors)
+
+
+def bounded_put(cache: dict, key: object, value: object, limit: int = 1024) -> None:
+    """``cache[key] = value``, emptying the cache first when it holds ``limit`` entries
+    (a server sees few signatures; this only bounds a pathological caller)."""
+    if len(cache) >= limit:
+        cache.clear()
+    cache[key] = value
 
 
 # ---------------------------------------------------------------------------- scratch
@@ -369,6 +580,56 @@ def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> 
         while len(_SCRATCH) > _SCRATCH_MAX:
             _SCRATCH.popitem(last=False)
     return buf
+
+
+# Buffers that kernels leave zero (self-resetting counters), one per (device, stream,
+# host thread, name), zeroed once when allocated. Bounded like the scratch buffers: a
+# buffer dropped is all zeros, so nothing is lost with it.
+_STATE: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
+
+
+def zeroed_state(name: str, numel: int, device: torch.device) -> torch.Tensor:
+    """An int32 device buffer of at least ``numel`` elements that is all zeros, for
+    kernels that leave it all zeros again when they finish (counters a last program
+    resets). Eagerly it is cached per (device, current stream, host thread, ``name``)
+    and zeroed only when allocated. While the current stream is being captured into a
+    CUDA/HIP graph, a fresh buffer is allocated and zeroed in the graph (one memset per
+    replay), so a graph never shares its counters with eager calls or other graphs.
+    Off the GPU, a fresh zeroed buffer."""
+    if device.type != "cuda" or torch._C._cuda_isCurrentStreamCapturing():
+        return torch.zeros(max(numel, 1), dtype=torch.int32, device=device)
+    index = device.index if device.index is not None else _current_device()
+    key = (index, _current_raw_stream(index), threading.get_ident(), name)
+    buf = _STATE.get(key)
+    if buf is not None and buf.numel() >= numel:
+        return buf
+    with _SCRATCH_LOCK:
+        buf = torch.zeros(max(numel, 1024), dtype=torch.int32, device=device)
+        _STATE[key] = buf
+        _STATE.move_to_end(key)
+        while len(_STATE) > _SCRATCH_MAX:
+            _STATE.popitem(last=False)
+    return buf
+
+
+def state_on(index: int, stream: int, name: str, numel: int) -> torch.Tensor:
+    """:func:`zeroed_state` for a direct program that already knows its device and
+    stream: one dict lookup when the buffer exists and is large enough."""
+    if not torch._C._cuda_isCurrentStreamCapturing():
+        buf = _STATE.get((index, stream, threading.get_ident(), name))
+        if buf is not None and buf.numel() >= numel:
+            return buf
+    return zeroed_state(name, numel, torch.device("cuda", index))
+
+
+def scratch_on(index: int, stream: int, name: str, numel: int) -> torch.Tensor:
+    """:func:`scratch` (int32) for a direct program that already knows its device and
+    stream: one dict lookup when the buffer exists and is large enough."""
+    if not torch._C._cuda_isCurrentStreamCapturing():
+        buf = _SCRATCH.get((index, stream, threading.get_ident(), name, torch.int32))
+        if buf is not None and buf.numel() >= numel:
+            return buf
+    return scratch(name, numel, torch.int32, torch.device("cuda", index))
 
 
 # ------------------------------------------------------------------------------ sizes

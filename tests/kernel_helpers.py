@@ -34,3 +34,53 @@ def kernel_device() -> str:
             pytrace=False,
         )
     return "cuda"
+
+
+def assert_same_sort(got: dict, want: dict, M: int, MB: int, exact: bool = True) -> None:
+    """The sort's outputs ``got`` against the reference's ``want`` (dicts by aiter's
+    names). ``exact``: bit for bit. Otherwise (the atomic path, whose order within an
+    expert depends on timing) everything but that order: totals, block experts, gap
+    slots and which pairs are dropped are identical, and every kept pair sits in a slot
+    of its own expert holding its token, row and weight, its reverse entry pointing there.
+    """
+    total = int(want["cumsum_tensor"][0])
+    assert torch.equal(got["cumsum_tensor"][:2], want["cumsum_tensor"][:2])
+    assert torch.equal(
+        got["sorted_expert_ids"][: total // MB], want["sorted_expert_ids"][: total // MB]
+    )
+    rev_got, rev_want = got["reverse_sorted"], want["reverse_sorted"]
+    if exact:
+        for name in ("sorted_token_ids", "m_indices", "sorted_weights"):
+            assert torch.equal(bits(got[name][:total]), bits(want[name][:total])), name
+        assert torch.equal(rev_got, rev_want)
+        return
+    assert torch.equal(rev_got < 0, rev_want < 0)
+    gaps = want["sorted_token_ids"][:total] == M
+    assert torch.equal(
+        got["sorted_token_ids"][:total][gaps], want["sorted_token_ids"][:total][gaps]
+    )
+    assert bool((got["m_indices"][:total][gaps] == M).all())
+    assert bool((bits(got["sorted_weights"][:total][gaps]) == 0).all())
+    kept = rev_want >= 0
+    slot_got, slot_want = rev_got[kept].long(), rev_want[kept].long()
+    assert slot_got.unique().numel() == slot_got.numel()  # one slot per pair
+    for name in ("sorted_token_ids", "m_indices", "sorted_weights"):
+        assert torch.equal(bits(got[name][slot_got]), bits(want[name][slot_want])), name
+    experts = want["sorted_expert_ids"]
+    assert torch.equal(experts[slot_got // MB], experts[slot_want // MB])
+
+
+def forbid_reference(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> None:
+    """Make ``module.name`` (a kernel module's plain-torch fallback) raise, so every call
+    of the kernel must go through Triton."""
+
+    def _no_fallback(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{module.__name__} fell back to {name}")
+
+    monkeypatch.setattr(module, name, _no_fallback)
+
+
+def assert_runs_through_triton(device: str) -> None:
+    """The kernels run compiled on a GPU and in Triton's interpreter on the CPU."""
+    expected = "triton-interpreter" if device == "cpu" else "triton"
+    assert triton_backend(torch.device(device)) == expected

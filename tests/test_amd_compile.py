@@ -217,3 +217,29 @@ def test_occupancy_exception_sets_a_floor_not_a_pass() -> None:
     assert policy.problems("m.k", "gfx942", {"B": 64}, four, exceptions=(exc,))
     assert policy.problems("m.k", "gfx950", {"B": 128}, four, exceptions=(exc,))
     assert policy.unused_exceptions([("m.k", "gfx950", {"B": 128})], (exc,)) == [exc]
+
+
+@pytest.mark.parametrize(
+    ("target", "num_warps", "waves", "max_grid", "passes"),
+    [
+        ("gfx942", 4, 5, 100, True),  # latency-bound: needs 2 waves
+        ("gfx942", 4, 5, 300, True),  # 300 < 304 compute units on MI300X
+        ("gfx950", 4, 5, 300, False),  # but not below MI355X's 256
+        ("gfx950", 4, 5, 255, True),
+        ("gfx942", 4, 1, 100, False),  # below the floor of 2
+        ("gfx942", 8, 3, 100, False),  # 8 warps: 2 of its own per SIMD, floor 4
+        ("gfx942", 8, 4, 100, True),
+        ("gfx942", 16, 6, 10, False),  # 16 warps: its own 4 twice is 8, no relief
+        ("gfx942", 4, 5, None, False),  # grid unknown
+    ],
+)
+def test_grid_aware_rule(target, num_warps, waves, max_grid, passes) -> None:
+    res = {**AMD_CLEAN, "waves_per_simd": waves}
+    found = policy.problems(
+        "m.k", target, {"num_warps": num_warps}, res, exceptions=(), max_grid=max_grid
+    )
+    assert (not found) is passes, found
+
+
+def test_grid_aware_rule_never_relaxes_nvidia() -> None:
+    assert policy.latency_bound_floor("sm90", {"num_warps": 4}, 1) is None

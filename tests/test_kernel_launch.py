@@ -17,17 +17,28 @@ from types import SimpleNamespace
 import pytest
 import sglang_amd_moe.kernels.utils as utils
 import torch
+from kernel_helpers import kernel_device
 from sglang_amd_moe.kernels import adaptive_moe_sort, mask_padded_rows_, mxfp4_moe_sort
 from sglang_amd_moe.kernels.mask_padded_rows import _mask_padded_rows_kernel, mask_launch_config
 from sglang_amd_moe.kernels.moe_sort import (
+    DETERMINISTIC,
+    _sort_atomic_count_kernel,
+    _sort_atomic_place_kernel,
     _sort_count_kernel,
     _sort_offsets_kernel,
     _sort_place_kernel,
+    _sort_tiny_kernel,
     sort_plan,
 )
 from sglang_amd_moe.kernels.utils import KernelLauncher, capture_launches, max_sorted_size
+from test_mask_padded_rows import _bad_cases, _good
+from test_mxfp4_moe_sort import _BAD, _count, _outputs, _routing
 
 META = torch.device("meta")
+# Where the direct-program tests run the real kernels on their first calls: the CPU
+# (Triton's interpreter) here, the GPU on a GPU machine.
+DEV = kernel_device()
+STREAM = 4242 if DEV == "cpu" else None  # the stand-in stream handle on the CPU
 
 
 # ------------------------------------------------------------------ capture, meta tensors
@@ -51,10 +62,16 @@ def _meta_sort_args(M: int, NE: int, K: int, MB: int, hidden: int, count: bool) 
 
 
 def _expected_sort_launches(M: int, NE: int, K: int, MB: int, zero_numel: int):
-    plan = sort_plan(M, NE, K, zero_numel, MB)
-    expected = []
-    if not plan.single:
-        expected.append((_sort_count_kernel, (plan.chunks,)))
+    plan = sort_plan(M, NE, K, zero_numel, MB, DETERMINISTIC)
+    if plan.single:
+        return plan, [(_sort_tiny_kernel, (1 + plan.zero_programs,))]
+    if plan.atomic:
+        place = plan.chunks + plan.gap_programs + plan.zero_programs
+        return plan, [
+            (_sort_atomic_count_kernel, (plan.count_programs,)),
+            (_sort_atomic_place_kernel, (place,)),
+        ]
+    expected = [(_sort_count_kernel, (plan.chunks,))]
     if plan.offset_programs:
         expected.append((_sort_offsets_kernel, (plan.offset_programs,)))
     place_programs = plan.chunks + plan.gap_programs + plan.zero_programs
@@ -86,8 +103,14 @@ def test_sort_launches_are_captured_with_meta_tensors(M, NE, K, MB, count) -> No
         # Every runtime parameter is passed, every constant is in meta.
         names = launch.kernel.arg_names
         assert len(launch.args) + len([n for n in names if n in launch.meta]) == len(names)
-        assert launch.meta["num_warps"] in (4, 8)
-        place_or_count = launch.kernel in (_sort_place_kernel, _sort_count_kernel)
+        assert launch.meta["num_warps"] in (4, 8, 16)
+        place_or_count = launch.kernel in (
+            _sort_place_kernel,
+            _sort_count_kernel,
+            _sort_tiny_kernel,
+            _sort_atomic_count_kernel,
+            _sort_atomic_place_kernel,
+        )
         assert launch.meta.get("HAS_COUNT", count) is count or not place_or_count
 
 
@@ -318,3 +341,212 @@ def test_amd_key_separates_buffers_past_two_gib(monkeypatch, straight_line: bool
     big = torch.empty(2**29 + 16, dtype=torch.int32, device="meta")  # 2 GiB + 64 bytes
     assert key(small, 16) == key(also_small, 16)
     assert key(small, 16) != key(big, 16)
+
+
+# --------------------------------------------------------------- direct programs (lean path)
+class _Recorder:
+    """Stands in for compiled kernels' launchers: records every direct launch."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def run(self, *args: object) -> None:
+        self.calls.append(args)
+
+
+@pytest.fixture
+def direct(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
+    """Direct programs as on a GPU, on the CPU: launches through Triton's path run the
+    real kernels in the interpreter (so first calls write real outputs) and every
+    specialization gets a stand-in handle, whose launches are recorded."""
+    import sglang_amd_moe.kernels.mask_padded_rows as mask_mod
+    import sglang_amd_moe.kernels.moe_sort as sort_mod
+    import sglang_amd_moe.kernels.routing_guard as guard_mod
+
+    recorder = _Recorder()
+    monkeypatch.setattr(utils, "_INTERPRETING", False)
+    monkeypatch.setattr(utils, "FAST_LAUNCH", True)
+    if DEV == "cpu":  # on a GPU the real device and stream (launches that do run use them)
+        monkeypatch.setattr(utils, "_current_device", lambda: 0)
+        monkeypatch.setattr(utils, "_current_raw_stream", lambda index: STREAM)
+    monkeypatch.setattr(
+        utils.KernelLauncher, "handle", lambda self, args: (recorder.run, "function", "packed")
+    )
+    monkeypatch.setattr(
+        utils,
+        "scratch_on",
+        lambda index, stream, name, numel: torch.empty(numel, dtype=torch.int32),
+    )
+    for mod in (mask_mod, guard_mod, sort_mod):
+        # CPU tensors take the Triton kernels (in the interpreter), not the references.
+        monkeypatch.setattr(mod, "triton_backend", lambda device: "triton")
+    for mod in (mask_mod, guard_mod):
+        monkeypatch.setattr(mod, "_DIRECT", {})
+    monkeypatch.setattr(sort_mod, "_DIRECT", {})
+    monkeypatch.setattr(sort_mod, "_ADAPTIVE_DIRECT", {})
+    return recorder
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, module, name: str) -> list:
+    """Wrap ``module.name`` to count its calls."""
+    calls: list = []
+    original = getattr(module, name)
+
+    def wrapped(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapped)
+    return calls
+
+
+def test_mask_second_call_launches_directly_with_integer_pointers(direct, monkeypatch) -> None:
+    import sglang_amd_moe.kernels.mask_padded_rows as mask_mod
+
+    checks = _counting(monkeypatch, mask_mod, "check_mask_call")
+    ids = torch.randint(0, 9, (40, 11), dtype=torch.int32, device=DEV)
+    w = torch.rand(40, 11, device=DEV)
+    count = torch.tensor([30], dtype=torch.int32, device=DEV)
+    mask_padded_rows_(ids, w, count)  # first call: full checks, real kernel
+    assert len(checks) == 1 and not direct.calls
+    assert bool((ids[30:] == 0).all()) and bool((w[30:] == 0).all())
+    ids2, w2, count2 = ids.clone(), w.clone(), count.clone()
+    mask_padded_rows_(ids2, w2, count2)
+    assert len(checks) == 1  # no checks on a hit
+    (call,) = direct.calls
+    grid, block_m, block_k = mask_launch_config(40, 11, True)
+    stream = STREAM if DEV == "cpu" else torch.cuda.current_stream().cuda_stream
+    assert call[:9] == (grid, 1, 1, stream, "function", "packed", None, None, None)
+    assert call[9:12] == (ids2.data_ptr(), w2.data_ptr(), count2.data_ptr())
+    assert call[12:17] == (40, 11, 11, 11, 0)  # rows, cols, row strides, fill value
+    assert call[17:19] == (block_m, block_k)
+
+
+def test_mask_hits_still_refuse_what_the_full_checks_refuse(direct) -> None:
+    """Warm a signature, then every bad call of the mask's suite raises what it raises
+    without direct programs, with the same message, and writes nothing."""
+    mask_padded_rows_(*_good())  # registers the good signature
+    for label, build in _bad_cases():
+        messages = []
+        for allowed in (False, True):
+            ids, w, count = _good()
+            args, exc = build(ids, w, count)
+            utils.FAST_LAUNCH = allowed
+            try:
+                with pytest.raises(exc) as info:
+                    mask_padded_rows_(*args)
+            finally:
+                utils.FAST_LAUNCH = True
+            messages.append(str(info.value))
+            assert bool((ids == 9999).all()) and bool((w == 5.0).all()), label
+        assert messages[0] == messages[1], label
+    # Same signature, pointers that overlap: the hit goes to the full path and refuses.
+    ids, w, _ = _good()
+    with pytest.raises(ValueError, match="overlap in memory"):
+        mask_padded_rows_(ids, w, ids.view(-1)[5:6])
+    assert not direct.calls
+
+
+def test_mask_misaligned_pointers_take_the_full_path(direct) -> None:
+    buf = torch.randint(0, 9, (41 * 8,), dtype=torch.int32, device=DEV)
+    w = torch.rand(40, 8, device=DEV)
+    count = torch.tensor([20], dtype=torch.int32, device=DEV)
+    mask_padded_rows_(buf[:320].view(40, 8), w.clone(), count)
+    ids = buf[1:321].view(40, 8)  # 4 bytes past a 16-byte boundary, same signature
+    expect = ids.clone()
+    expect[20:] = 0
+    mask_padded_rows_(ids, w, count)
+    assert torch.equal(ids, expect) and not direct.calls
+
+
+def test_launch_hooks_keep_every_call_on_tritons_path(direct, monkeypatch) -> None:
+    ids = torch.randint(0, 9, (8, 4), dtype=torch.int32, device=DEV)
+    w = torch.rand(8, 4, device=DEV)
+    count = torch.tensor([3], dtype=torch.int32, device=DEV)
+    mask_padded_rows_(ids, w, count)
+    monkeypatch.setattr(utils, "_launch_hooks_active", lambda: True)
+    mask_padded_rows_(ids, w, count)
+    with capture_launches() as launches:
+        mask_padded_rows_(ids, w, count)
+    assert not direct.calls and len(launches) == 1
+
+
+@pytest.mark.parametrize("with_count", [False, True])
+def test_guard_second_call_allocates_and_launches_directly(direct, monkeypatch, with_count) -> None:
+    import sglang_amd_moe.kernels.routing_guard as guard_mod
+    from sglang_amd_moe.kernels import guard_routing
+
+    checks = _counting(monkeypatch, guard_mod, "check_guard_call")
+    ids = torch.tensor([[-1, 3], [7, 300]], dtype=torch.int64, device=DEV)
+    w = torch.rand(2, 2, device=DEV)
+    count = torch.tensor([1], dtype=torch.int32, device=DEV) if with_count else None
+    first = guard_routing(ids, w, 257, count)
+    assert first[0].tolist() == ([[0, 3], [0, 0]] if with_count else [[0, 3], [7, 0]])
+    out_ids, out_w = guard_routing(ids, w, 257, count)
+    assert len(checks) == 1 and len(direct.calls) == 1
+    assert out_ids.shape == (2, 2) and out_ids.dtype == torch.int64 and out_w.dtype == w.dtype
+    pointers = direct.calls[0][9:14]
+    want = [ids.data_ptr(), w.data_ptr(), (count if with_count else ids).data_ptr()]
+    assert list(pointers) == want + [out_ids.data_ptr(), out_w.data_ptr()]
+    guard_routing(ids, w, 256, count)  # another expert count: another signature
+    assert len(checks) == 2
+
+
+def test_sort_second_call_launches_directly_and_hits_still_refuse(direct, monkeypatch) -> None:
+    import sglang_amd_moe.kernels.moe_sort as sort_mod
+
+    checks = _counting(monkeypatch, sort_mod, "check_sort_args")
+    M, NE, K, MB = 8, 513, 11, 16
+
+    def kwargs():
+        ids, w = _routing(M, NE, K, None, seed=16)
+        return dict(
+            topk_ids=ids, topk_weight=w, **_outputs(M, NE, K, MB, zero_cols=16), M_logical=M,
+            NE=NE, TOPK=K, D_HIDDEN=16, D_INTER=1, MB=MB, prologue=0, num_local_tokens=_count(4),
+        )  # fmt: skip
+
+    mxfp4_moe_sort(**kwargs())
+    assert len(checks) == 1 and not direct.calls
+    mxfp4_moe_sort(**kwargs())
+    plan = sort_plan(M, NE, K, M * 16, MB)
+    assert len(checks) == 1 and len(direct.calls) == plan.launches
+    for label, mutate, exc in _BAD:
+        messages = []
+        for allowed in (False, True):
+            kw = kwargs()
+            mutate(kw)
+            utils.FAST_LAUNCH = allowed
+            try:
+                with pytest.raises(exc) as info:
+                    mxfp4_moe_sort(**kw)
+            finally:
+                utils.FAST_LAUNCH = True
+            messages.append(str(info.value))
+        assert messages[0] == messages[1], label
+    assert len(direct.calls) == plan.launches  # no bad call launched
+
+
+def test_adaptive_second_call_allocates_one_arena(direct) -> None:
+    ids = torch.randint(0, 257, (64, 9), dtype=torch.int32, device=DEV)
+    w = torch.rand(64, 9, device=DEV)
+    count = torch.tensor([40], dtype=torch.int32, device=DEV)
+    first = adaptive_moe_sort(
+        ids, w, 257, 9, 16, 32, atomic=True, emit_aux=True, num_local_tokens=count
+    )
+    second = adaptive_moe_sort(
+        ids, w, 257, 9, 16, 32, atomic=True, emit_aux=True, num_local_tokens=count
+    )
+    assert [(t.shape, t.dtype) for t in first] == [(t.shape, t.dtype) for t in second]
+    plan = sort_plan(64, 257, 9, 64 * 32, 16)
+    assert len(direct.calls) == plan.launches
+    sti, sw, sei, nvi, moe_buf, m_idx, rev = second
+    # The int32/float32 outputs share one allocation, each 16-byte aligned.
+    base = sti.untyped_storage().data_ptr()
+    for t in (sw, sei, nvi, m_idx, rev):
+        assert t.untyped_storage().data_ptr() == base and t.data_ptr() % 16 == 0
+    place = direct.calls[-1]
+    assert place[9:12] == (ids.data_ptr(), w.data_ptr(), count.data_ptr())
+    assert place[13:20] == (
+        sti.data_ptr(), sei.data_ptr(), nvi.data_ptr(), rev.data_ptr(), sw.data_ptr(),
+        m_idx.data_ptr(), moe_buf.data_ptr(),
+    )  # fmt: skip

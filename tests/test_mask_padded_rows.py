@@ -13,9 +13,14 @@ import sglang_amd_moe.kernels.mask_padded_rows as mask_mod
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_helpers import ROWS_COUNTS, bits, kernel_device
+from kernel_helpers import (
+    ROWS_COUNTS,
+    assert_runs_through_triton,
+    bits,
+    forbid_reference,
+    kernel_device,
+)
 from sglang_amd_moe.kernels import mask_padded_rows_, mask_padded_rows_reference_
-from sglang_amd_moe.kernels.utils import triton_backend
 
 DEV = kernel_device()
 ID_DTYPES = [torch.int32, torch.int64]
@@ -24,17 +29,11 @@ W_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 @pytest.fixture(autouse=True)
 def _kernel_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the torch fallback raise: every call below must go through Triton."""
-
-    def _no_fallback(*args: object, **kwargs: object) -> None:
-        raise AssertionError("mask_padded_rows_ fell back to the torch reference")
-
-    monkeypatch.setattr(mask_mod, "mask_padded_rows_reference_", _no_fallback)
+    forbid_reference(monkeypatch, mask_mod, "mask_padded_rows_reference_")
 
 
 def test_kernel_runs_through_triton() -> None:
-    expected = "triton-interpreter" if DEV == "cpu" else "triton"
-    assert triton_backend(torch.device(DEV)) == expected
+    assert_runs_through_triton(DEV)
 
 
 def _inputs(M: int, K: int, id_dtype: torch.dtype, w_dtype: torch.dtype, seed: int = 0):

@@ -13,16 +13,24 @@ from __future__ import annotations
 import pytest
 import sglang_amd_moe.kernels.moe_sort as sort_mod
 import torch
+import triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_helpers import ROWS_COUNTS, bits, kernel_device
+from kernel_helpers import (
+    ROWS_COUNTS,
+    assert_runs_through_triton,
+    assert_same_sort,
+    bits,
+    forbid_reference,
+    kernel_device,
+)
 from sglang_amd_moe.kernels import (
     adaptive_moe_sort,
     mxfp4_moe_sort,
     mxfp4_moe_sort_reference,
 )
-from sglang_amd_moe.kernels.moe_sort import sort_plan
-from sglang_amd_moe.kernels.utils import max_sorted_size, triton_backend
+from sglang_amd_moe.kernels.moe_sort import ATOMIC_MIN_EXPERTS, ATOMIC_MIN_ROWS, sort_plan
+from sglang_amd_moe.kernels.utils import max_sorted_size
 
 DEV = kernel_device()
 SHAPES = [(513, 11), (896, 16)]  # (NE, TOPK): routed experts + 1 shared
@@ -41,17 +49,11 @@ POISON = -7
 
 @pytest.fixture(autouse=True)
 def _kernel_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the torch fallback raise: every call below must go through Triton."""
-
-    def _no_fallback(*args: object, **kwargs: object) -> None:
-        raise AssertionError("mxfp4_moe_sort fell back to the torch reference")
-
-    monkeypatch.setattr(sort_mod, "mxfp4_moe_sort_reference", _no_fallback)
+    forbid_reference(monkeypatch, sort_mod, "mxfp4_moe_sort_reference")
 
 
 def test_kernels_run_through_triton() -> None:
-    expected = "triton-interpreter" if DEV == "cpu" else "triton"
-    assert triton_backend(torch.device(DEV)) == expected
+    assert_runs_through_triton(DEV)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -128,13 +130,23 @@ def _call(fn, ids, w, outs, M, NE, K, MB, count, prologue=None, D_HIDDEN=None) -
 def _check(
     ids, w, M, NE, K, MB, count, zero_cols=0, workspace=0, prologue=None
 ) -> dict[str, torch.Tensor]:
-    """Run kernel and reference on poisoned buffers; assert every output is identical."""
+    """Run kernel and reference on poisoned buffers; assert every output is identical
+    (on the atomic path, up to the order of pairs within an expert)."""
     got = _outputs(M, NE, K, MB, zero_cols, workspace)
     want = _outputs(M, NE, K, MB, zero_cols, workspace)
     _call(mxfp4_moe_sort, ids, w, got, M, NE, K, MB, count, prologue)
     _call(mxfp4_moe_sort_reference, ids, w, want, M, NE, K, MB, count, prologue)
-    for name in OUT_NAMES:
-        assert torch.equal(bits(got[name]), bits(want[name])), (name, M, NE, K, MB)
+    zero_numel = got["bf16_zero_out"].numel()
+    if not sort_plan(M, NE, K, zero_numel, MB, sort_mod.DETERMINISTIC).atomic:
+        for name in OUT_NAMES:
+            assert torch.equal(bits(got[name]), bits(want[name])), (name, M, NE, K, MB)
+        return got
+    assert_same_sort(got, want, M, MB, exact=False)
+    total = int(want["cumsum_tensor"][0])
+    for name in ("sorted_token_ids", "m_indices", "sorted_weights"):
+        assert torch.equal(bits(got[name][total:]), bits(want[name][total:])), name  # untouched
+    for name in ("bf16_zero_out", "bf16_zero_workspace"):
+        assert torch.equal(bits(got[name]), bits(want[name])), name
     return got
 
 
@@ -273,11 +285,11 @@ def test_multi_program_path_large_batch() -> None:
 
 
 @pytest.mark.parametrize(
-    ("M", "NE", "K", "n"), [(4, 513, 11, 3), (40, 257, 9, 29), (200, 64, 8, 111)]
+    ("M", "NE", "K", "n"), [(8, 513, 11, 5), (40, 257, 9, 29), (200, 64, 8, 111)]
 )
 def test_inline_offsets_path(M: int, NE: int, K: int, n: int) -> None:
-    """Two launches: the place kernel sums the count table itself (several steps of
-    ``INLINE_OFFSETS_TILE`` for the larger shapes)."""
+    """Two launches: the place kernel sums the count table itself (several steps for the
+    larger shapes)."""
     plan = sort_plan(M, NE, K)
     assert plan.inline_offsets and plan.launches == 2 and plan.chunks > 1
     ids, w = _routing(M, NE, K, n, seed=M)
@@ -292,12 +304,68 @@ def test_m_65536() -> None:
     _check(ids, w, M, 8, 1, 32, _count(M - 3))
 
 
-def test_single_launch_path() -> None:
-    assert sort_plan(1, 513, 11).single and sort_plan(1, 513, 11).launches == 1
-    assert not sort_plan(4, 513, 11).single
-    ids, w = _routing(1, 896, 16, 1, seed=11)
-    _check(ids, w, 1, 896, 16, 16, _count(1), zero_cols=8)
-    _check(ids, w, 1, 896, 16, 64, _count(0))
+def test_inline_tile_follows_the_place_grid() -> None:
+    """A place grid below LATENCY_BOUND_GRID programs sums 4096 count-table values per
+    step, a larger one 2048 (the tile that keeps 8 waves per SIMD on AMD)."""
+    small, large = sort_plan(200, 64, 8), sort_plan(4100, 30, 4, zero_numel=4100 * 8)
+    assert small.inline_offsets and small.inline_rows * small.expert_slots == 4096
+    assert large.inline_offsets and large.chunks + large.gap_programs >= 256
+    assert large.inline_rows * large.expert_slots == 2048
+    ids, w = _routing(4100, 30, 4, 4000, seed=13)
+    _check(ids, w, 4100, 30, 4, 16, _count(4000), zero_cols=8)
+
+
+@pytest.mark.parametrize(("M", "NE", "K"), [(1, 896, 16), (2, 896, 16), (2, 513, 11), (3, 257, 9)])
+def test_single_launch_path(M: int, NE: int, K: int) -> None:
+    """Up to 32 pairs the whole sort is one program in pair space, whatever NE."""
+    plan = sort_plan(M, NE, K)
+    assert plan.single and plan.launches == 1 and M * K <= 32
+    assert not sort_plan(32 // K + 1, NE, K).single and not sort_plan(1, NE, 33).single
+    # At MB 128 the gap tile limits it to 16 pairs (a [32, 128] tile spills SGPRs on AMD).
+    assert sort_plan(M, NE, K, block=128).single is (triton.next_power_of_2(M * K) <= 16)
+    for n in (M, M - 1, 0):
+        ids, w = _routing(M, NE, K, n, seed=11 + n, bad_ids=0.1)
+        _check(ids, w, M, NE, K, 16, _count(n), zero_cols=8)
+        _check(ids, w, M, NE, K, 128, _count(n))
+    # Every pair in one expert: one expert spans up to 2 blocks of 16.
+    ids = torch.full((M, K), 5, dtype=torch.int32, device=DEV)
+    _check(ids, torch.rand(M, K, device=DEV), M, NE, K, 16, None)
+
+
+@pytest.mark.parametrize(("M", "NE", "K", "n"), [(8192, 896, 2, 5000), (9000, 1024, 1, 9000)])
+def test_atomic_path_for_large_batches(M: int, NE: int, K: int, n: int) -> None:
+    """From 8192 rows over 768 experts or more: global counters, a last-program ticket
+    and an atomic cursor. Totals, blocks, gaps, dropped pairs and each pair's slot within
+    its expert's range match the reference; SGLANG_AMD_MOE_DETERMINISTIC_SORT keeps the
+    exact order."""
+    plan = sort_plan(M, NE, K)
+    assert plan.atomic and plan.launches == 2 and plan.count_programs >= 1
+    assert not sort_plan(M, NE, K, deterministic=True).atomic
+    assert not sort_plan(ATOMIC_MIN_ROWS - 1, NE, K).atomic
+    assert not sort_plan(M, ATOMIC_MIN_EXPERTS - 1, K).atomic
+    ids, w = _routing(M, NE, K, n, seed=M + K, bad_ids=0.02)
+    _check(ids, w, M, NE, K, 16, _count(n), zero_cols=8)
+    _check(ids, w, M, NE, K, 64, None)
+
+
+def test_atomic_counters_are_left_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The counters and the ticket live in a buffer the sort reuses without zeroing it:
+    every call must leave it zero, whatever its count and ids."""
+    state = torch.zeros(4096, dtype=torch.int32, device=DEV)
+    monkeypatch.setattr(sort_mod, "zeroed_state", lambda name, numel, device: state)
+    M, NE, K = 8192, 896, 1
+    for seed, n, bad in ((1, 8192, 0.0), (2, 3000, 0.1), (3, 0, 0.0), (4, 8191, 0.5)):
+        ids, w = _routing(M, NE, K, n, seed=seed, bad_ids=bad)
+        _check(ids, w, M, NE, K, 32, _count(n))
+        assert bool((state == 0).all()), seed
+
+
+def test_deterministic_switch_keeps_the_exact_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sort_mod, "DETERMINISTIC", True)
+    M, NE, K = 8192, 896, 2
+    assert not sort_plan(M, NE, K, deterministic=sort_mod.DETERMINISTIC).atomic
+    ids, w = _routing(M, NE, K, 6000, seed=21)
+    _check(ids, w, M, NE, K, 16, _count(6000))
 
 
 def test_empty_batch() -> None:

@@ -13,13 +13,13 @@ import sglang_amd_moe.kernels.routing_guard as guard_mod
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_helpers import bits, kernel_device
+from kernel_helpers import assert_runs_through_triton, bits, forbid_reference, kernel_device
 from sglang_amd_moe.kernels import (
     guard_routing,
     guard_routing_reference,
     mask_padded_rows_reference_,
 )
-from sglang_amd_moe.kernels.utils import capture_launches, triton_backend
+from sglang_amd_moe.kernels.utils import capture_launches
 
 DEV = kernel_device()
 ID_DTYPES = [torch.int32, torch.int64]
@@ -38,17 +38,11 @@ BAD_IDS = {
 
 @pytest.fixture(autouse=True)
 def _kernel_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the torch fallback raise: every call of ``guard_routing`` must go through Triton."""
-
-    def _no_fallback(*args: object, **kwargs: object) -> None:
-        raise AssertionError("guard_routing fell back to the torch reference")
-
-    monkeypatch.setattr(guard_mod, "guard_routing_reference", _no_fallback)
+    forbid_reference(monkeypatch, guard_mod, "guard_routing_reference")
 
 
 def test_kernel_runs_through_triton() -> None:
-    expected = "triton-interpreter" if DEV == "cpu" else "triton"
-    assert triton_backend(torch.device(DEV)) == expected
+    assert_runs_through_triton(DEV)
 
 
 def _routing(M: int, K: int, id_dtype, w_dtype, seed: int = 0, bad: float = 0.3):

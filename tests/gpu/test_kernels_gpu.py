@@ -1,7 +1,9 @@
-"""Both kernels compiled on a real GPU (not interpreted), compared exactly with their
-plain-torch references, replayed from one CUDA graph with new counts, and called from
-inside ``torch.compile``; both launch paths (Triton's own and the direct launch of the
-compiled kernel), the reuse of scratch buffers between calls, streams and graphs.
+"""The kernels compiled on a real GPU (not interpreted), compared exactly with their
+plain-torch references (the sort's large-batch path up to the order of pairs within an
+expert, which its atomics leave to timing), replayed from one CUDA graph with new counts
+(the guard also with new garbage), and called from inside ``torch.compile``; both launch
+paths (Triton's own and the direct launch of the compiled kernel), the direct programs
+of repeated signatures, the reuse of scratch buffers between calls, streams and graphs.
 
 Skipped without a CUDA/HIP device; ``make test-gpu`` runs this folder on one.
 """
@@ -21,16 +23,19 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     )
 
 import sglang_amd_moe.kernels.utils as kernel_utils  # noqa: E402
-from kernel_helpers import ROWS_COUNTS  # noqa: E402
+from kernel_helpers import ROWS_COUNTS, assert_same_sort, bits  # noqa: E402
 from sglang_amd_moe.kernels import (  # noqa: E402
     adaptive_moe_sort,
+    guard_routing,
+    guard_routing_reference,
     mask_padded_rows_,
     mask_padded_rows_reference_,
     mxfp4_moe_sort,
     mxfp4_moe_sort_reference,
 )
+from sglang_amd_moe.kernels import moe_sort as sort_mod  # noqa: E402
 from sglang_amd_moe.kernels.mask_padded_rows import mask_program  # noqa: E402
-from sglang_amd_moe.kernels.moe_sort import sort_program  # noqa: E402
+from sglang_amd_moe.kernels.moe_sort import sort_plan, sort_program  # noqa: E402
 
 DEV = "cuda"
 SORT_SHAPES = [(513, 11), (896, 16)]
@@ -165,15 +170,12 @@ def _call_sort(fn, ids, w, out, M, NE, K, BM, count):
     )
 
 
-def _assert_same_sort(out, ref, BM):
-    total = int(ref["cumsum_tensor"][0])
-    assert torch.equal(out["cumsum_tensor"], ref["cumsum_tensor"])
-    for name in ("sorted_token_ids", "sorted_weights", "m_indices"):
-        assert torch.equal(out[name][:total], ref[name][:total]), name
-    assert torch.equal(
-        out["sorted_expert_ids"][: total // BM], ref["sorted_expert_ids"][: total // BM]
-    )
-    assert torch.equal(out["reverse_sorted"], ref["reverse_sorted"])
+def _assert_same_sort(out, ref, BM, M, NE, K):
+    """Exactly, or on the atomic path up to the order within each expert."""
+    zero_numel = out["bf16_zero_out"].numel()
+    atomic = sort_plan(M, NE, K, zero_numel, BM, sort_mod.DETERMINISTIC).atomic
+    torch.cuda.synchronize()
+    assert_same_sort(out, ref, M, BM, exact=not atomic)
     assert torch.equal(out["bf16_zero_out"], ref["bf16_zero_out"])
 
 
@@ -194,7 +196,7 @@ def _check_sort(M, K, NE, BM, n, seed=0, atomic=True):
     _call_sort(mxfp4_moe_sort, ids, w, out, M, NE, K, BM, count)
     _call_sort(mxfp4_moe_sort_reference, ids, w, ref, M, NE, K, BM, count)
     torch.cuda.synchronize()
-    _assert_same_sort(out, ref, BM)
+    _assert_same_sort(out, ref, BM, M, NE, K)
 
 
 @pytest.mark.parametrize("NE,K", SORT_SHAPES)
@@ -248,7 +250,7 @@ def test_sort_graph_replay_with_new_counts():
         ref = _sort_buffers(M, K, NE, BM, True)
         _call_sort(mxfp4_moe_sort_reference, ids, w, ref, M, NE, K, BM, count)
         torch.cuda.synchronize()
-        _assert_same_sort(out, ref, BM)
+        _assert_same_sort(out, ref, BM, M, NE, K)
         assert int(out["cumsum_tensor"][1]) == n
 
 
@@ -288,7 +290,7 @@ def test_direct_launch_respecializes_on_alignment_and_ints():
             _call_sort(mxfp4_moe_sort, ids, w, out, M, NE, K, 16, count)
             _call_sort(mxfp4_moe_sort_reference, ids, w, ref, M, NE, K, 16, count)
             torch.cuda.synchronize()
-            _assert_same_sort(out, ref, 16)
+            _assert_same_sort(out, ref, 16, M, NE, K)
 
 
 def test_scratch_is_reused_per_stream_and_fresh_under_capture():
@@ -325,7 +327,7 @@ def test_sorts_on_two_streams_at_once():
     for (ids, w), out, count in zip(inputs, outs, counts, strict=True):
         ref = _sort_buffers(M, K, NE, BM, True)
         _call_sort(mxfp4_moe_sort_reference, ids, w, ref, M, NE, K, BM, count)
-        _assert_same_sort(out, ref, BM)
+        _assert_same_sort(out, ref, BM, M, NE, K)
 
 
 def test_adaptive_sort_in_a_graph_and_eagerly_after_it():
@@ -363,6 +365,9 @@ def test_adaptive_sort_in_a_graph_and_eagerly_after_it():
             ),
             want,
             BM,
+            M,
+            NE,
+            K,
         )
 
 
@@ -371,3 +376,193 @@ def test_no_device_switch_when_the_device_is_current():
         kernel_utils.device_guard(torch.device("cuda", torch.cuda.current_device()))
         is kernel_utils._NO_GUARD
     )
+
+
+# ---------------------------------------------------------------------------- guard
+E_GUARD = 257
+_GARBAGE = [-1, E_GUARD, E_GUARD + 3, 2**31 - 1, -(2**31)]
+_GARBAGE64 = _GARBAGE + [2**32, 2**63 - 1, -(2**63)]
+
+
+def _guard_inputs(M: int, K: int, id_dtype, w_dtype, seed: int, bad: float = 0.3):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    ids = torch.randint(0, E_GUARD, (M, K), generator=g, device=DEV, dtype=torch.int64)
+    pool = torch.tensor(_GARBAGE64 if id_dtype == torch.int64 else _GARBAGE, device=DEV)
+    pick = torch.randint(0, pool.numel(), (M, K), generator=g, device=DEV)
+    ids = torch.where(torch.rand(M, K, generator=g, device=DEV) < bad, pool[pick], ids)
+    w = torch.randn(M, K, generator=g, device=DEV)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf")], device=DEV)
+    w = torch.where(torch.rand(M, K, generator=g, device=DEV) < 0.1, special[pick % 3], w)
+    return ids.to(id_dtype), w.to(w_dtype)
+
+
+def _check_guard(ids, w, n):
+    count = None if n is None else torch.tensor([n], dtype=torch.int32, device=DEV)
+    before_ids, before_w = ids.clone(), w.clone()
+    got = guard_routing(ids, w, E_GUARD, count)
+    want = guard_routing_reference(ids, w, E_GUARD, count)
+    torch.cuda.synchronize()
+    for g_, w_ in zip(got, want, strict=True):
+        assert g_.is_contiguous() and torch.equal(bits(g_), bits(w_))
+    assert torch.equal(ids, before_ids) and torch.equal(bits(w), bits(before_w))
+    assert bool(((got[0] >= 0) & (got[0] < E_GUARD)).all())
+
+
+@pytest.mark.parametrize("id_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("w_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("M,n", ROWS_COUNTS + [(48, None), (48, 100), (48, -3)])
+def test_guard_matches_reference(M, n, id_dtype, w_dtype):
+    for _ in range(2):  # the second call of a signature takes its direct program
+        ids, w = _guard_inputs(M, 11, id_dtype, w_dtype, seed=M)
+        _check_guard(ids, w, n)
+
+
+@pytest.mark.parametrize("M", BIG_M)
+def test_guard_large_and_strided(M):
+    ids, w = _guard_inputs(M, 9, torch.int32, torch.bfloat16, seed=M)
+    for n in (None, 0, M // 3, M):
+        _check_guard(ids, w, n)
+    buf_ids, buf_w = _guard_inputs(M, 12, torch.int64, torch.float32, seed=M + 1)
+    _check_guard(buf_ids[:, 1:10], buf_w[:, 2:11], M // 2)
+    _check_guard(buf_ids[:, :9].t().contiguous().t(), buf_w[:, :9], M - 1)
+
+
+@pytest.mark.parametrize("with_count", [True, False])
+def test_guard_graph_replay_with_new_garbage_and_counts(with_count):
+    """One captured guard call replayed with new garbage ids, new NaN/Inf weights and new
+    counts written into the same input buffers: every replay's outputs match the
+    reference, and the inputs are never written."""
+    M, K = 4096, 11
+    ids, w = _guard_inputs(M, K, torch.int64, torch.bfloat16, seed=5)
+    count = torch.tensor([M], dtype=torch.int32, device=DEV) if with_count else None
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        guard_routing(ids, w, E_GUARD, count)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_ids, out_w = guard_routing(ids, w, E_GUARD, count)
+    for i, n in enumerate((0, 1, M // 2, M - 1, M, M + 9, -4)):
+        new_ids, new_w = _guard_inputs(M, K, torch.int64, torch.bfloat16, seed=100 + i, bad=0.5)
+        ids.copy_(new_ids)
+        w.copy_(new_w)
+        if count is not None:
+            count.fill_(n)
+        graph.replay()
+        want_ids, want_w = guard_routing_reference(new_ids, new_w, E_GUARD, count)
+        torch.cuda.synchronize()
+        assert torch.equal(out_ids, want_ids), n
+        assert torch.equal(bits(out_w), bits(want_w)), n
+        assert torch.equal(ids, new_ids) and torch.equal(bits(w), bits(new_w))
+
+
+def test_references_replay_in_a_graph_with_new_counts():
+    """The guard's and the mask's plain-torch references read the count on the device:
+    captured once, they follow the count at every replay (a fallback on the GPU)."""
+    M, K = 300, 8
+    ids, w = _guard_inputs(M, K, torch.int32, torch.float32, seed=9)
+    mids, mw = ids.clone(), w.clone()
+    count = torch.tensor([M], dtype=torch.int32, device=DEV)
+    guard_routing_reference(ids, w, E_GUARD, count)
+    mask_padded_rows_reference_(mids.clone(), mw.clone(), count, 0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gids, gw = guard_routing_reference(ids, w, E_GUARD, count)
+        mask_padded_rows_reference_(mids, mw, count, 0)
+    for n in (0, 7, M, M + 1):
+        mids.copy_(ids)
+        mw.copy_(w)
+        count.fill_(n)
+        graph.replay()
+        torch.cuda.synchronize()
+        real = min(n, M)
+        valid = (ids >= 0) & (ids < E_GUARD)
+        valid[real:] = False
+        assert torch.equal(gids, torch.where(valid, ids, 0))
+        assert torch.equal(bits(gw), bits(torch.where(valid, w, 0)))
+        assert bool((mids[real:] == 0).all()) and torch.equal(mids[:real], ids[:real])
+
+
+# -------------------------------------------------------------------- direct programs
+def test_direct_programs_on_the_gpu():
+    """The second call of a signature launches its direct program (compiled kernels,
+    integer pointers): right results for every kernel, and a hit whose pointers overlap
+    goes to the full checks and raises."""
+    from sglang_amd_moe.kernels import mask_padded_rows as mask_mod
+    from sglang_amd_moe.kernels import routing_guard as guard_mod
+
+    for M, K in [(7, 8), (4096, 11)]:
+        for seed in (1, 2):
+            _check_mask(M, K, M // 2, torch.int32, torch.float32, seed=seed)
+    assert mask_mod._DIRECT
+    ids, w = _mask_inputs(64, 8, torch.int32, torch.float32, 3)
+    with pytest.raises(ValueError, match="overlap in memory"):
+        mask_padded_rows_(ids, w, ids.view(-1)[9:10])
+    for seed in (1, 2):
+        ids, w = _guard_inputs(512, 9, torch.int32, torch.float32, seed)
+        _check_guard(ids, w, 300)
+    assert guard_mod._DIRECT
+    for M, NE, K, BM in [
+        (3, 896, 16, 16),
+        (64, 513, 11, 32),
+        (512, 257, 9, 16),
+        (16384, 257, 9, 16),
+    ]:
+        for seed in (1, 2):
+            _check_sort(M, K, NE, BM, M // 2, seed=seed)
+    assert sort_mod._DIRECT
+    ids, w = _sort_inputs(64, 11, 513, None, 4)
+    out = _sort_buffers(64, 11, 513, 32, True)
+    _call_sort(mxfp4_moe_sort, ids, w, out, 64, 513, 11, 32, None)
+    out["m_indices"] = out["sorted_token_ids"]
+    with pytest.raises(ValueError, match="overlap in memory"):
+        _call_sort(mxfp4_moe_sort, ids, w, out, 64, 513, 11, 32, None)
+
+
+def test_adaptive_direct_program_matches_the_reference():
+    M, K, NE, BM = 700, 11, 513, 16
+    for seed in (1, 2, 3):
+        ids, w = _sort_inputs(M, K, NE, 600, seed)
+        count = torch.tensor([600], dtype=torch.int32, device=DEV)
+        sti, sw, sei, nvi, moe_buf, m_idx, rev = adaptive_moe_sort(
+            ids, w, NE, K, BM, 64, atomic=True, emit_aux=True, num_local_tokens=count
+        )
+        want = _sort_buffers(M, K, NE, BM, False)
+        _call_sort(mxfp4_moe_sort_reference, ids, w, want, M, NE, K, BM, count)
+        got = dict(
+            sorted_token_ids=sti, sorted_weights=sw, sorted_expert_ids=sei, cumsum_tensor=nvi,
+            m_indices=m_idx, reverse_sorted=rev, bf16_zero_out=want["bf16_zero_out"],
+        )  # fmt: skip
+        _assert_same_sort(got, want, BM, M, NE, K)
+        assert bool((moe_buf == 0).all())
+    assert sort_mod._ADAPTIVE_DIRECT
+
+
+def test_atomic_counters_are_left_zero_on_every_stream():
+    """Large batches count into per-stream counters that every call leaves zero: two
+    streams, several calls each, every result right and every counter zero after."""
+    from sglang_amd_moe.kernels import utils as kernel_utils
+
+    M, K, NE, BM = 16384, 16, 896, 16
+    assert sort_plan(M, NE, K, 0, BM, sort_mod.DETERMINISTIC).atomic
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    runs = []
+    for i in range(6):
+        n = [M, 5000, 1][i % 3]
+        ids, w = _sort_inputs(M, K, NE, n, seed=i)
+        out = _sort_buffers(M, K, NE, BM, False)
+        count = torch.tensor([n], dtype=torch.int32, device=DEV)
+        with torch.cuda.stream(streams[i % 2]):
+            _call_sort(mxfp4_moe_sort, ids, w, out, M, NE, K, BM, count)
+        runs.append((ids, w, out, count))
+    torch.cuda.synchronize()
+    for ids, w, out, count in runs:
+        ref = _sort_buffers(M, K, NE, BM, False)
+        _call_sort(mxfp4_moe_sort_reference, ids, w, ref, M, NE, K, BM, count)
+        _assert_same_sort(out, ref, BM, M, NE, K)
+    states = [b for k, b in kernel_utils._STATE.items() if k[3] == "moe_sort_counters"]
+    assert states and all(bool((b == 0).all()) for b in states)

@@ -35,6 +35,7 @@ class Compilation:
     spec: Spec
     cases: int
     example: str  # the first case (in case order) that needs it
+    max_grid: int = 0  # the largest grid (programs) a case launches it with
 
     def entry(self, resources: dict[str, Any]) -> dict[str, Any]:
         d = self.spec.describe()
@@ -46,6 +47,7 @@ class Compilation:
             "specialization": self.spec.specialization(),
             "cases": self.cases,
             "example": self.example,
+            "max_grid": self.max_grid,
             "resources": resources,
         }
 
@@ -58,13 +60,17 @@ def collect(
     found: dict[str, Compilation] = {}
     for case in shapes.all_cases() if cases is None else cases:
         for launch in shapes.capture(case):
+            programs = 1
+            for g in launch.grid:
+                programs *= g
             for target in targets:
                 spec = specialize(launch.kernel, launch.args, launch.meta, target)
                 c = found.get(spec.key)
                 if c is None:
-                    found[spec.key] = Compilation(spec, 1, case.label)
+                    found[spec.key] = Compilation(spec, 1, case.label, programs)
                 else:
                     c.cases += 1
+                    c.max_grid = max(c.max_grid, programs)
     return found
 
 
@@ -110,7 +116,9 @@ def evaluate(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The entries that break the policy, each with its problems."""
     failing = []
     for e in entries:
-        found = policy.problems(e["kernel"], e["target"], e["config"], e["resources"])
+        found = policy.problems(
+            e["kernel"], e["target"], e["config"], e["resources"], max_grid=e.get("max_grid")
+        )
         if found:
             failing.append(
                 {**{k: e[k] for k in ("key", "kernel", "target", "example")}, "problems": found}
@@ -189,7 +197,8 @@ def check(committed: dict[str, Any], jobs: int = 1) -> dict[str, Any]:
     changed = sorted(
         k
         for k, e in current.items()
-        if (e["cases"], e["example"]) != (held[k]["cases"], held[k]["example"])
+        if (e["cases"], e["example"], e["max_grid"])
+        != (held[k]["cases"], held[k]["example"], held[k].get("max_grid"))
     )
     spot = spot_check_keys(list(current.values()))
     fresh = compile_many([found[k].spec for k in missing + spot], jobs)

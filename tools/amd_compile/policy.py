@@ -7,11 +7,19 @@ within the block limit.
 
 Why these: the kernels are short and memory-latency bound. A spill turns a register
 access into a scratch (or, for SGPRs, a VGPR-lane) round trip inside the hot loop, and
-fewer waves per SIMD leave fewer loads in flight to hide latency. A kernel that cannot
-reach 8 waves because of what its tile must hold at once is listed in
-``OCCUPANCY_EXCEPTIONS`` with the reason and the floor it must still meet, so the
-exception is a reviewed decision rather than a silent pass; an exception that matches
-no compiled configuration is itself reported, so the list cannot rot.
+fewer waves per SIMD leave fewer loads in flight to hide latency.
+
+The grid-aware rule: a compilation whose every launch has a grid smaller than the
+target's compute units (304 on MI300X, 256 on MI355X) is latency-bound: at most one
+workgroup lands on a compute unit, so the waves per SIMD it can use are its own
+(``num_warps / 4``), and 8 buys nothing. Such a compilation needs only twice its own
+waves per SIMD (room for a second workgroup where the dispatcher doubles one up), at
+least ``LATENCY_BOUND_MIN_WAVES``; the gate reads each compilation's largest grid over
+the cases that need it. A kernel that cannot reach 8 waves on a larger grid because of
+what its tile must hold at once is listed in ``OCCUPANCY_EXCEPTIONS`` with the reason
+and the floor it must still meet, so the exception is a reviewed decision rather than
+a silent pass; an exception that matches no compiled configuration is itself reported,
+so the list cannot rot.
 
 Pure data and arithmetic: no Triton import.
 """
@@ -44,8 +52,20 @@ class OccupancyException:
 
 
 # The configurations that cannot reach 8 waves per SIMD, and why. Empty: every kernel
-# of the package is held to 8.
+# of the package is held to 8, or to the grid-aware rule's floor.
 OCCUPANCY_EXCEPTIONS: tuple[OccupancyException, ...] = ()
+
+LATENCY_BOUND_MIN_WAVES = 2
+
+
+def latency_bound_floor(target: str, config: Mapping[str, Any], max_grid: int | None) -> int | None:
+    """The waves per SIMD a compilation needs under the grid-aware rule, or None when
+    the rule does not apply (not AMD, grid unknown or not below the compute units)."""
+    t = TARGETS_BY_NAME[target]
+    if not t.is_amd or max_grid is None or max_grid >= t.compute_units:
+        return None
+    own = -(-int(config.get("num_warps", 4)) // t.simds_per_cu)
+    return min(MIN_WAVES_PER_SIMD, max(LATENCY_BOUND_MIN_WAVES, 2 * own))
 
 
 def unused_exceptions(
@@ -75,8 +95,10 @@ def problems(
     config: Mapping[str, Any],
     resources: Mapping[str, Any],
     exceptions: Iterable[OccupancyException] = OCCUPANCY_EXCEPTIONS,
+    max_grid: int | None = None,
 ) -> list[str]:
-    """Everything wrong with one compilation's resources (empty: it passes)."""
+    """Everything wrong with one compilation's resources (empty: it passes);
+    ``max_grid``: the largest grid (programs) any case launches it with."""
     if "error" in resources:
         return [f"does not compile: {resources['error']}"]
     t = TARGETS_BY_NAME[target]
@@ -93,10 +115,14 @@ def problems(
         waves = resources["waves_per_simd"]
         exc = exception_for(kernel, target, config, exceptions)
         floor = exc.min_waves if exc is not None else MIN_WAVES_PER_SIMD
+        bound = latency_bound_floor(target, config, max_grid)
+        if bound is not None:
+            floor = min(floor, bound)
         if waves < floor:
+            grid = "" if max_grid is None else f", grid up to {max_grid}"
             out.append(
                 f"runs {waves} waves per SIMD (< {floor}; {resources['vgpr_total']} VGPRs, "
-                f"{resources['sgpr']} SGPRs)"
+                f"{resources['sgpr']} SGPRs{grid})"
             )
     else:
         spilled = resources["spill_stores"] + resources["spill_loads"]

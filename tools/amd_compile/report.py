@@ -38,10 +38,15 @@ def _config_order(config: dict[str, Any]) -> tuple:
     )
 
 
+def _problems(e: dict[str, Any], target: str | None = None) -> list[str]:
+    return policy.problems(
+        e["kernel"], target or e["target"], e["config"], e["resources"],
+        max_grid=e.get("max_grid"),
+    )  # fmt: skip
+
+
 def _ok(entries: list[dict[str, Any]]) -> str:
-    bad = sum(
-        1 for e in entries if policy.problems(e["kernel"], e["target"], e["config"], e["resources"])
-    )
+    bad = sum(1 for e in entries if _problems(e))
     return "pass" if bad == 0 else f"**{bad} fail**"
 
 
@@ -118,7 +123,7 @@ def _details(entries: list[dict[str, Any]]) -> list[str]:
                         f"{max(r['regs'] for r in rs)} / "
                         f"{max(r['spill_stores'] + r['spill_loads'] for r in rs)}"
                     )
-                bad = any(policy.problems(e["kernel"], t, e["config"], e["resources"]) for e in es)
+                bad = any(_problems(e, t) for e in es)
                 cells.append(f"**{text}**" if bad else text)
         out.append(f"| `{kernel}` | {config} | " + " | ".join(cells) + " |")
     return out
@@ -129,7 +134,7 @@ def _failures(entries: list[dict[str, Any]]) -> list[str]:
     specializations of one configuration usually fail alike)."""
     groups: dict[tuple[str, str, str], list[tuple[dict[str, Any], list[str]]]] = defaultdict(list)
     for e in entries:
-        found = policy.problems(e["kernel"], e["target"], e["config"], e["resources"])
+        found = _problems(e)
         if found:
             groups[(_short(e["kernel"]), e["target"], _config_text(e["config"]))].append((e, found))
     out = []
@@ -144,9 +149,32 @@ def _failures(entries: list[dict[str, Any]]) -> list[str]:
     return out or ["None: every compilation passes."]
 
 
+def _latency_bound(entries: list[dict[str, Any]]) -> list[str]:
+    """Configurations below 8 waves per SIMD that pass by the grid-aware rule."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for e in entries:
+        r = e["resources"]
+        if "error" in r or not TARGETS_BY_NAME[e["target"]].is_amd:
+            continue
+        if r["waves_per_simd"] < MIN_WAVES_PER_SIMD and not _problems(e):
+            groups[(_short(e["kernel"]), e["target"], _config_text(e["config"]))].append(e)
+    out = []
+    for (kernel, target, config), es in sorted(groups.items()):
+        t = TARGETS_BY_NAME[target]
+        waves = min(e["resources"]["waves_per_simd"] for e in es)
+        out.append(
+            f"- `{kernel}` on {target}, {config}: {waves} waves per SIMD, grids of at most "
+            f"{max(e['max_grid'] for e in es)} programs (< {t.compute_units} compute units)."
+        )
+    return out or ["None."]
+
+
 def _exceptions() -> list[str]:
     if not policy.OCCUPANCY_EXCEPTIONS:
-        return [f"None. Every kernel configuration is held to {MIN_WAVES_PER_SIMD} waves per SIMD."]
+        return [
+            f"None. Every kernel configuration is held to {MIN_WAVES_PER_SIMD} waves per SIMD,"
+            " or to the grid-aware rule's floor (above)."
+        ]
     out = []
     for exc in policy.OCCUPANCY_EXCEPTIONS:
         where = " ".join(f"{k}={v}" for k, v in exc.where.items())
@@ -195,7 +223,8 @@ def render(triton_version: str | None, entries: list[dict[str, Any]]) -> str:
         "  within the workgroup limit (gfx942 64 KiB, gfx950 160 KiB, from Triton's AMD",
         "  backend); at least "
         f"{MIN_WAVES_PER_SIMD} waves per SIMD (the compiler's occupancy, bounded by the",
-        "  LDS each workgroup takes), except the configurations listed below.",
+        "  LDS each workgroup takes), except by the grid-aware rule below or an exception",
+        "  listed below.",
         "- sm_90: it compiles; no local memory (spill stores or loads, stack frame); shared",
         "  memory within 227 KiB per block.",
         "",
@@ -213,7 +242,23 @@ def render(triton_version: str | None, entries: list[dict[str, Any]]) -> str:
         "",
         *_failures(entries),
         "",
-        "## Kernels allowed fewer than 8 waves per SIMD",
+        "## The grid-aware rule: latency-bound launches",
+        "",
+        "A compilation whose every launch (over the cases that need it) has a grid of",
+        "fewer programs than the target has compute units (304 on MI300X, gfx942; 256 on",
+        "MI355X, gfx950) is latency-bound: at most one workgroup lands on a compute unit,",
+        "so it can use only its own waves per SIMD (`num_warps / 4`), and 8 buys nothing.",
+        "It needs twice its own waves per SIMD (room for a second workgroup where the",
+        f"dispatcher doubles one up), at least {policy.LATENCY_BOUND_MIN_WAVES}. The sort's"
+        " launch planning uses",
+        "this where its place kernel's grid is below 256 programs: each place program then",
+        "sums 4096 count-table values per step instead of 2048 (the per-configuration table",
+        "below gives its registers; where they still fit 8 waves, the rule is not needed).",
+        "Configurations that pass by this rule with fewer than 8 waves per SIMD:",
+        "",
+        *_latency_bound(entries),
+        "",
+        "## Kernels allowed fewer than 8 waves per SIMD by exception",
         "",
         *_exceptions(),
         "",

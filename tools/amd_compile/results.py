@@ -19,7 +19,9 @@ from typing import Any
 RESULTS_PATH = Path(__file__).resolve().parent / "results.json"
 
 # Fields of an entry, in the order they are written.
-ENTRY_FIELDS = ("key", "kernel", "target", "config", "specialization", "cases", "example")
+ENTRY_FIELDS = (
+    "key", "kernel", "target", "config", "specialization", "cases", "example", "max_grid",
+)  # fmt: skip
 
 
 def entry_sort_key(entry: dict[str, Any]) -> tuple:

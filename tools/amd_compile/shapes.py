@@ -66,9 +66,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _mask_case(m: int, topk: int, ids, weights, count, layout: str) -> Case:
+def _routing_case(function: str, m: int, topk: int, ids, weights, count, layout: str) -> Case:
     return Case(
-        "mask_padded_rows_",
+        function,
         (
             ("M", m),
             ("topk", topk),
@@ -80,53 +80,38 @@ def _mask_case(m: int, topk: int, ids, weights, count, layout: str) -> Case:
     )
 
 
-def mask_cases() -> Iterator[Case]:
-    """Every M, topk and layout with int32/int64 ids and float32/bfloat16 weights (an
-    int32 count, as SGLang passes it); then the other accepted dtypes (float16 weights,
-    an int64 count) at a few row counts, since they change only a load or a store."""
+def _routing_cases(function: str, counts: tuple, other_count) -> Iterator[Case]:
+    """Every M, topk and layout with int32/int64 ids, float32/bfloat16 weights and each
+    of ``counts``; then the other accepted dtypes (float16 weights with ``counts[0]``,
+    an int64 count as ``other_count``) at a few row counts, since they change only a
+    load or a store."""
     layouts = ("contiguous", "row-strided")
     for m in M_VALUES:
         for topk in MASK_TOPK:
             for ids in (torch.int32, torch.int64):
                 for weights in (torch.float32, torch.bfloat16):
-                    for layout in layouts:
-                        yield _mask_case(m, topk, ids, weights, torch.int32, layout)
+                    for count in counts:
+                        for layout in layouts:
+                            yield _routing_case(function, m, topk, ids, weights, count, layout)
     for m in (1, 100, 4096):
         for layout in layouts:
-            yield _mask_case(m, 9, torch.int32, torch.float16, torch.int32, layout)
-            yield _mask_case(m, 9, torch.int32, torch.float32, torch.int64, layout)
+            yield _routing_case(function, m, 9, torch.int32, torch.float16, counts[0], layout)
+            yield _routing_case(function, m, 9, torch.int32, torch.float32, other_count, layout)
 
 
-def _guard_case(m: int, topk: int, ids, weights, count, layout: str) -> Case:
-    return Case(
-        "guard_routing",
-        (
-            ("M", m),
-            ("topk", topk),
-            ("ids", ids),
-            ("weights", weights),
-            ("count", count),
-            ("layout", layout),
-        ),
-    )
+def mask_cases() -> Iterator[Case]:
+    """The mask with an int32 count, as SGLang passes it (an int64 one at a few rows)."""
+    yield from _routing_cases("mask_padded_rows_", (torch.int32,), torch.int64)
 
 
 def guard_cases() -> Iterator[Case]:
     """As the mask's, with and without a count (aiter's calls mostly pass none), plus
     transposed inputs at a few row counts (the strided path at a column stride)."""
-    layouts = ("contiguous", "row-strided")
-    for m in M_VALUES:
-        for topk in MASK_TOPK:
-            for ids in (torch.int32, torch.int64):
-                for weights in (torch.float32, torch.bfloat16):
-                    for count in (None, torch.int32):
-                        for layout in layouts:
-                            yield _guard_case(m, topk, ids, weights, count, layout)
+    yield from _routing_cases("guard_routing", (None, torch.int32), torch.int64)
     for m in (1, 100, 4096):
-        for layout in layouts:
-            yield _guard_case(m, 9, torch.int32, torch.float16, None, layout)
-            yield _guard_case(m, 9, torch.int32, torch.float32, torch.int64, layout)
-        yield _guard_case(m, 8, torch.int64, torch.bfloat16, torch.int32, "transposed")
+        yield _routing_case(
+            "guard_routing", m, 8, torch.int64, torch.bfloat16, torch.int32, "transposed"
+        )
 
 
 def sort_cases() -> Iterator[Case]:

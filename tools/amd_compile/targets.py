@@ -13,6 +13,9 @@ Each limit says where it comes from, so a reader can check it rather than trust 
 - Waves per SIMD: CDNA3/CDNA4 compute units have 4 SIMDs of at most 8 waves each;
   the compiler's ``; Occupancy:`` figure is waves per SIMD (VGPR, SGPR and workgroup
   size limits, but not the LDS Triton asks for at launch, which the gate adds).
+- Compute units: 304 on MI300X (gfx942), 256 on MI355X (gfx950), AMD's product
+  specifications (the Instinct MI300X and MI355X data sheets). A grid of fewer
+  workgroups than that puts at most one workgroup on a compute unit.
 - sm_90 shared memory per block: 228 KiB per SM, of which CUDA reserves 1 KiB per
   block for system use (CUDA C++ Programming Guide, compute capability 9.x; that
   1 KiB is the ``SHARED`` which ``cuobjdump -res-usage`` reports for these kernels,
@@ -41,6 +44,7 @@ class Target:
     lds_granule: int = 0  # AMD: LDS allocation granule in bytes
     simds_per_cu: int = 0  # AMD
     max_waves_per_simd: int = 0  # AMD
+    compute_units: int = 0  # AMD: of the largest part of this architecture
 
     @property
     def is_amd(self) -> bool:
@@ -67,6 +71,7 @@ GFX942 = Target(
     lds_granule=128 * 4,
     simds_per_cu=4,
     max_waves_per_simd=8,
+    compute_units=304,
 )
 GFX950 = Target(
     name="gfx950",
@@ -78,6 +83,7 @@ GFX950 = Target(
     lds_granule=320 * 4,
     simds_per_cu=4,
     max_waves_per_simd=8,
+    compute_units=256,
 )
 SM90 = Target(name="sm90", backend="cuda", arch=90, warp_size=32, shared_limit=227 * KIB)
 
