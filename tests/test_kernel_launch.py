@@ -402,6 +402,24 @@ _KEYED_ALIKE_ON_CPU = (
 )
 
 
+def _refuses_alike(label: str, attempt) -> None:
+    """``attempt()`` builds a bad call: ``(call, exception, unchanged)``. Made twice,
+    with direct programs off, then on: both raise the exception with one message, and
+    ``unchanged()`` (when given) holds after each."""
+    messages = []
+    for allowed in (False, True):
+        call, exc, unchanged = attempt()
+        utils.FAST_LAUNCH = allowed
+        try:
+            with pytest.raises(exc) as info:
+                call()
+        finally:
+            utils.FAST_LAUNCH = True
+        messages.append(str(info.value))
+        assert unchanged is None or unchanged(), label
+    assert messages[0] == messages[1], label
+
+
 def _counting(monkeypatch: pytest.MonkeyPatch, module, name: str) -> list:
     """Wrap ``module.name`` to count its calls."""
     calls: list = []
@@ -444,19 +462,17 @@ def test_mask_hits_still_refuse_what_the_full_checks_refuse(direct) -> None:
     for label, build in _bad_cases():
         if label in _KEYED_ALIKE_ON_CPU:
             continue
-        messages = []
-        for allowed in (False, True):
+
+        def attempt(build=build):
             ids, w, count = _good()
             args, exc = build(ids, w, count)
-            utils.FAST_LAUNCH = allowed
-            try:
-                with pytest.raises(exc) as info:
-                    mask_padded_rows_(*args)
-            finally:
-                utils.FAST_LAUNCH = True
-            messages.append(str(info.value))
-            assert bool((ids == 9999).all()) and bool((w == 5.0).all()), label
-        assert messages[0] == messages[1], label
+
+            def unchanged() -> bool:
+                return bool((ids == 9999).all()) and bool((w == 5.0).all())
+
+            return lambda: mask_padded_rows_(*args), exc, unchanged
+
+        _refuses_alike(label, attempt)
     # Same signature, pointers that overlap: the hit goes to the full path and refuses.
     ids, w, _ = _good()
     with pytest.raises(ValueError, match="overlap in memory"):
@@ -519,18 +535,12 @@ def test_guard_hits_still_refuse_what_the_full_checks_refuse(direct) -> None:
     for label, build in guard_bad_cases():
         if label in keyed_alike:
             continue
-        messages = []
-        for allowed in (False, True):
-            ids, w, count = guard_good()
-            args, exc, _ = build(ids, w, count)
-            utils.FAST_LAUNCH = allowed
-            try:
-                with pytest.raises(exc) as info:
-                    guard_routing(*args)
-            finally:
-                utils.FAST_LAUNCH = True
-            messages.append(str(info.value))
-        assert messages[0] == messages[1], label
+
+        def attempt(build=build):
+            args, exc, _ = build(*guard_good())
+            return lambda: guard_routing(*args), exc, None
+
+        _refuses_alike(label, attempt)
     assert not direct.calls
 
 
@@ -624,18 +634,13 @@ def test_sort_second_call_launches_directly_and_hits_still_refuse(direct, monkey
     for label, mutate, exc in _BAD:
         if label in _KEYED_ALIKE_ON_CPU:
             continue
-        messages = []
-        for allowed in (False, True):
+
+        def attempt(mutate=mutate, exc=exc):
             kw = kwargs()
             mutate(kw)
-            utils.FAST_LAUNCH = allowed
-            try:
-                with pytest.raises(exc) as info:
-                    mxfp4_moe_sort(**kw)
-            finally:
-                utils.FAST_LAUNCH = True
-            messages.append(str(info.value))
-        assert messages[0] == messages[1], label
+            return lambda: mxfp4_moe_sort(**kw), exc, None
+
+        _refuses_alike(label, attempt)
     assert len(direct.calls) == plan.launches  # no bad call launched
 
 
