@@ -14,6 +14,10 @@ first call has built its direct program, and split into:
   launcher with its arguments built beforehand: the floor of any Python caller;
 * ``launches``: how many launches the call makes.
 
+``guard_alloc`` is the guard with its slabs turned off (two allocations per call), and
+the document also holds one ``torch.empty_like`` and one view (of a batch of 16 made by
+``unbind``): what the guard's outputs cost either way.
+
 The issue's targets: ``python`` at most 3 us, and ``call`` within 1.5 us per launch of
 ``raw``. For scale: one small torch op (``x.zero_()``) and sgl_kernel's C++
 ``moe_align_block_size`` called as SGLang calls it (when ``sgl_kernel`` imports;
@@ -42,7 +46,7 @@ from sglang_amd_moe.kernels import (
 from sglang_amd_moe.kernels import mask_padded_rows as mask_module
 from sglang_amd_moe.kernels import moe_sort as sort_module
 from sglang_amd_moe.kernels import routing_guard as guard_module
-from sglang_amd_moe.kernels.utils import _current_raw_stream
+from sglang_amd_moe.kernels.utils import PairProgram, _current_raw_stream
 
 SHAPES = ((257, 9), (513, 11), (896, 16))
 ROWS = (1, 4, 64, 512, 4096)
@@ -73,48 +77,55 @@ def _program(cache: dict) -> object:
     return found[0] if isinstance(found, tuple) else found
 
 
-def _split(fn: Callable[[], object], cache: dict, ptrs: tuple) -> dict:
+def _launches(program: object) -> list:
+    """The program's launches: each has the compiled launcher as ``run``."""
+    if isinstance(program, PairProgram):
+        return [program]
+    return program.launches
+
+
+def _raw_args(launch: object, stream: int, ptrs: tuple) -> tuple:
+    """The compiled launcher's arguments of ``launch`` with ``ptrs``."""
+    if isinstance(launch, PairProgram):
+        head, ptrs = (*launch.grid, stream), ptrs
+    else:
+        head, ptrs = (launch.g0, launch.g1, launch.g2, stream), launch.pick(ptrs)
+    return (*head, launch.function, launch.packed, None, None, None, *ptrs, *launch.tail)
+
+
+def _split(
+    fn: Callable[[], object],
+    cache: dict,
+    ptrs: tuple,
+    prepare: Callable[[object], None] | None = None,
+) -> dict:
     """``call``, ``python`` and ``raw`` of a call whose direct program is in ``cache``;
-    ``ptrs``: the addresses its launches take (the call's, then its buffers')."""
+    ``ptrs``: the addresses its launches take (the call's, then its buffers');
+    ``prepare``: called with the program once it is built."""
     cache.clear()
     fn()  # builds the direct program
     program = _program(cache)
+    if prepare is not None:
+        prepare(program)
     call = host_us(fn)
-    runs = [launch.run for launch in program.launches]
-    for launch in program.launches:
+    launches = _launches(program)
+    runs = [launch.run for launch in launches]
+    for launch in launches:
         launch.run = lambda *args: None
     try:
         python = host_us(fn)
     finally:
-        for launch, run in zip(program.launches, runs, strict=True):
+        for launch, run in zip(launches, runs, strict=True):
             launch.run = run
     stream = _current_raw_stream(torch.cuda.current_device())
-    raw_calls = [
-        (
-            launch.run,
-            (
-                launch.g0,
-                launch.g1,
-                launch.g2,
-                stream,
-                launch.function,
-                launch.packed,
-                None,
-                None,
-                None,
-                *launch.pick(ptrs),
-                *launch.tail,
-            ),
-        )  # fmt: skip
-        for launch in program.launches
-    ]
+    raw_calls = [(launch.run, _raw_args(launch, stream, ptrs)) for launch in launches]
 
     def raw() -> None:
         for run, args in raw_calls:
             run(*args)
 
     return dict(
-        launches=len(program.launches),
+        launches=len(launches),
         call=round(call, 2),
         python=round(python, 2),
         raw=round(host_us(raw), 2),
@@ -149,26 +160,20 @@ def measure_mask(M: int, topk: int) -> list[dict]:
             ),
         )  # fmt: skip
     )
-    # The guard allocates its outputs per call: the raw floor takes one pair of them.
+    # The guard hands out new outputs per call: the raw floor takes one pair of them.
     out_ids, out_w = torch.empty_like(ids), torch.empty_like(w)
-    rows.append(
-        dict(
-            kernel="guard",
-            M=M,
-            topk=topk,
-            **_split(
-                lambda: guard_routing(ids, w, 257, count),
-                guard_module._DIRECT,
-                (
-                    ids.data_ptr(),
-                    w.data_ptr(),
-                    count.data_ptr(),
-                    out_ids.data_ptr(),
-                    out_w.data_ptr(),
-                ),
-            ),
-        )  # fmt: skip
-    )
+    ptrs = (ids.data_ptr(), w.data_ptr(), count.data_ptr(), out_ids.data_ptr(), out_w.data_ptr())
+
+    def no_slabs(program: object) -> None:
+        program.batch_max = 0
+        program.pools.clear()
+
+    for kernel, prepare in (("guard", None), ("guard_alloc", no_slabs)):
+        # guard_alloc: the same calls with every output allocated (torch.empty) per call.
+        split = _split(
+            lambda: guard_routing(ids, w, 257, count), guard_module._DIRECT, ptrs, prepare
+        )
+        rows.append(dict(kernel=kernel, M=M, topk=topk, **split))
     return rows
 
 
@@ -192,7 +197,7 @@ def measure_sort(NE: int, topk: int, M: int, align: Callable | None) -> list[dic
         adaptive_moe_sort(ids, w, NE, topk, BLOCK, 7168, num_local_tokens=count)
 
     adaptive()
-    program, layout = next(iter(sort_module._ADAPTIVE_DIRECT.values()))
+    program, layout, _ = next(iter(sort_module._ADAPTIVE_DIRECT.values()))
     sti = torch.empty(layout.total, dtype=torch.int32, device="cuda")
     base = sti.data_ptr()
     moe_buf = torch.empty(layout.moe_shape, dtype=torch.bfloat16, device="cuda")
@@ -218,6 +223,11 @@ def main() -> None:
     opts = parser.parse_args()
     x = torch.zeros(16, dtype=torch.int32, device="cuda")
     torch_op = round(host_us(lambda: x.zero_()), 2)
+    # What the guard's outputs cost: one allocation, and one view made in a batch of 16.
+    y = torch.zeros(64, 8, dtype=torch.int32, device="cuda")
+    slab = torch.empty(16, 64, 8, dtype=torch.int32, device="cuda")
+    empty_like = round(host_us(lambda: torch.empty_like(y)), 2)
+    view_of_16 = round(host_us(lambda: slab.unbind(0)) / 16, 2)
     align = _load_sgl_kernel()
     rows = [r for M in MASK_ROWS for r in measure_mask(M, 8)]
     rows += [r for NE, topk in SHAPES for M in ROWS for r in measure_sort(NE, topk, M, align)]
@@ -227,11 +237,13 @@ def main() -> None:
         triton=triton.__version__,
         unit="host microseconds per call (median)",
         torch_op=torch_op,
+        empty_like=empty_like,
+        view_of_16=view_of_16,
         results=rows,
     )
     with open(opts.out, "w") as f:
         json.dump(doc, f, indent=1)
-    print(f"one torch op: {torch_op} us")
+    print(f"one torch op: {torch_op} us; torch.empty_like {empty_like} us; a view {view_of_16} us")
     for r in rows:
         print(json.dumps(r))
 

@@ -267,7 +267,8 @@ def targets_section(
         kernel="mask",
     )
     if host is not None:
-        hrows = host["results"]
+        # guard_alloc is the guard with its slabs turned off, for comparison: no path.
+        hrows = [r for r in host["results"] if r["kernel"] != "guard_alloc"]
 
         def hcfg(r: dict) -> str:
             shape = f"{r['num_experts']}/{r['topk']} " if "num_experts" in r else ""
@@ -307,7 +308,14 @@ def host_section(host: dict | None) -> list[str]:
         "call, its direct program built; `python`: the same with the compiled launchers "
         "replaced by a no-op; `raw`: the launches alone, bare calls of Triton's compiled "
         "launcher with prebuilt arguments. `adaptive_*`: `adaptive_moe_sort` (it allocates "
-        "its outputs).",
+        "its outputs)."
+        + (
+            " `guard_alloc`: the guard with its output slabs turned off (two allocations a "
+            f"call); for scale, one `torch.empty_like` {host['empty_like']:.2f} us, one view "
+            f"made in a batch of 16 by `unbind` {host['view_of_16']:.2f} us."
+            if "empty_like" in host
+            else ""
+        ),
         "",
         "| kernel | shape | M | launches | call | python | raw | adaptive call | adaptive "
         "python | adaptive raw | sgl_align_cpp |",
@@ -436,6 +444,13 @@ def main(argv: list[str] | None = None) -> int:
         f"Method: {json.dumps(doc['method'])}. `benchmarks/run.py` says how each peer is called.",
         "",
     ]
+    for f in doc.get("filled", []):
+        lines += [
+            f"Not measured in this run: {f['kernel']}, {f['mode']}: its {f['records']} records, "
+            f"in every table and target below, are copied from `{f['file']}`, measured "
+            f"{f['date']}.",
+            "",
+        ]
     for note in a.note:
         lines += [f"> {note}", ""]
     for name in plots:

@@ -373,6 +373,7 @@ def bench_sort(
     checkpoint: Callable[[], None],
     cpp_align=None,
     slow_peers: bool = True,
+    modes: tuple[str, ...] = ("graph", "eager"),
 ) -> None:
     dev = "cuda"
     for NE, topk in shapes:
@@ -382,9 +383,14 @@ def bench_sort(
                     n = M if padded == "none" else max(M // 2, 1)
                     ids, w, count = sort_inputs(M, topk, NE, n, dev)
                     impls = sort_impls(ids, w, count, NE, BM, align_mod, cpp_align, slow_peers)
-                    graph_us = time_graphs(impls)
+                    graph_us = time_graphs(impls) if "graph" in modes else {}
                     for impl, fn in impls.items():
-                        for mode, us in (("graph", graph_us[impl]), ("eager", time_eager(fn))):
+                        timed = []
+                        if "graph" in modes:
+                            timed.append(("graph", graph_us[impl]))
+                        if "eager" in modes:
+                            timed.append(("eager", time_eager(fn)))
+                        for mode, us in timed:
                             results.append(
                                 dict(
                                     kernel="sort",
@@ -402,7 +408,7 @@ def bench_sort(
                         f"sort NE={NE} topk={topk} BM={BM} M={M} padded={padded}: "
                         + ", ".join(
                             f"{r['impl']}/{r['mode']}={r['us']:.1f}"
-                            for r in results[-2 * len(impls) :]
+                            for r in results[-len(modes) * len(impls) :]
                         ),
                         flush=True,
                     )
@@ -478,6 +484,17 @@ def main(argv: list[str] | None = None) -> int:
         "--warm", metavar="I/N", help="only compile: shard I of N of the configurations"
     )
     ap.add_argument(
+        "--sort-modes",
+        default="graph,eager",
+        help="the sort's modes to time, comma-separated (graph, eager)",
+    )
+    ap.add_argument(
+        "--fill-from",
+        type=Path,
+        help="an earlier results JSON: its records of every (kernel, mode) this run does not "
+        "measure are copied in, each marked with the file, and listed under 'filled'",
+    )
+    ap.add_argument(
         "--no-slow-peers",
         action="store_true",
         help="leave out SGLang's Triton align and the torch argsort peer (tens to hundreds "
@@ -494,12 +511,16 @@ def main(argv: list[str] | None = None) -> int:
             not a.no_slow_peers,
         )  # fmt: skip
         return 0
+    modes = tuple(m for m in a.sort_modes.split(",") if m)
+    if not modes or set(modes) - {"graph", "eager"}:
+        raise SystemExit(f"--sort-modes takes graph and/or eager, got {a.sort_modes!r}")
+    fill = Filler(a.fill_from) if a.fill_from else None
     results: list[dict] = []
     if a.only in (None, "launch"):
         bench_launch(results)
     if a.only in (None, "mask"):
         bench_mask(results, _load_peer("fill_padded_rows"))
-        write(a.out, results)
+        write(a.out, results, fill)
     if a.only in (None, "sort"):
         if a.quick:
             shapes, blocks, ms = SORT_SHAPES[1:2], [16], [1, 64, 4096]
@@ -511,17 +532,45 @@ def main(argv: list[str] | None = None) -> int:
             shapes,
             blocks,
             ms,
-            lambda: write(a.out, results),
+            lambda: write(a.out, results, fill),
             cpp_align,
             not a.no_slow_peers,
+            modes,
         )
-    write(a.out, results)
+    write(a.out, results, fill)
     print(f"wrote {len(results)} records to {a.out}")
     return 0
 
 
-def write(out: Path, results: list[dict]) -> None:
+class Filler:
+    """Records of an earlier results file, for the (kernel, mode) pairs a run leaves out."""
+
+    def __init__(self, path: Path) -> None:
+        self.name = path.name
+        doc = json.loads(path.read_text())
+        self.date = doc["date"]
+        self.records = doc["results"]
+
+    def fill(self, results: list[dict]) -> tuple[list[dict], list[dict]]:
+        """``results`` with the earlier records of every (kernel, mode) it has none of,
+        and one ``filled`` entry per such pair (file, its date, how many records)."""
+        have = {(r["kernel"], r["mode"]) for r in results}
+        added: dict[tuple, list[dict]] = {}
+        for r in self.records:
+            if (r["kernel"], r["mode"]) not in have:
+                added.setdefault((r["kernel"], r["mode"]), []).append({**r, "from": self.name})
+        filled = [
+            dict(kernel=k, mode=m, file=self.name, date=self.date, records=len(rs))
+            for (k, m), rs in added.items()
+        ]
+        return results + [r for rs in added.values() for r in rs], filled
+
+
+def write(out: Path, results: list[dict], fill: Filler | None = None) -> None:
     """Write what was measured so far (a crash later keeps the earlier kernels' numbers)."""
+    filled: list[dict] = []
+    if fill is not None:
+        results, filled = fill.fill(results)
     doc = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -539,6 +588,8 @@ def write(out: Path, results: list[dict]) -> None:
         },
         "results": results,
     }
+    if filled:
+        doc["filled"] = filled
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
 

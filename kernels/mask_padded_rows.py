@@ -235,28 +235,25 @@ def mask_padded_rows_(
     ``TypeError``/``ValueError`` before anything is launched or written.
     """
     key = None
-    if (
-        num_token_non_padded is not None
-        and not torch.compiler.is_compiling()
-        and direct_calls_allowed()
-    ):
+    if num_token_non_padded is not None and direct_calls_allowed():
         try:
+            # One flat key of plain values (ints, dtypes, bools: cheap to hash); a tensor
+            # that is not 2-D fails to unpack and takes the full path, which says why.
+            rows, cols = topk_ids.shape
+            w_rows, w_cols = topk_weights.shape
+            count = num_token_non_padded
             key = (
-                topk_ids.shape, topk_ids.stride(), topk_ids.dtype, topk_ids.device,
-                topk_weights.shape, topk_weights.stride(), topk_weights.dtype,
-                topk_weights.device, num_token_non_padded.shape, num_token_non_padded.dtype,
-                num_token_non_padded.device, type(fill_value), fill_value,
+                rows, cols, *topk_ids.stride(), topk_ids.dtype, topk_ids.get_device(),
+                topk_ids.is_cuda, w_rows, w_cols, *topk_weights.stride(), topk_weights.dtype,
+                topk_weights.get_device(), topk_weights.is_cuda, count.numel(), count.dtype,
+                count.get_device(), count.is_cuda, type(fill_value), fill_value,
             )  # fmt: skip
             program = _DIRECT.get(key)
         except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
             key = program = None
         if program is not None:
-            ptrs = (
-                topk_ids.data_ptr(), topk_weights.data_ptr(), num_token_non_padded.data_ptr()
-            )  # fmt: skip
-            if program.clear(ptrs) and hip_buffers_small(
-                topk_ids, topk_weights, num_token_non_padded
-            ):
+            ptrs = (topk_ids.data_ptr(), topk_weights.data_ptr(), count.data_ptr())
+            if program.clear(ptrs) and hip_buffers_small(topk_ids, topk_weights, count):
                 program.launch(ptrs)
                 return
     count, rows, cols, stride_ids, stride_w = check_mask_call(

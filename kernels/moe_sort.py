@@ -987,7 +987,7 @@ def _sort_direct_program(
 
 # Direct programs by call signature (see mxfp4_moe_sort and adaptive_moe_sort).
 _DIRECT: dict[tuple, DirectProgram] = {}
-_ADAPTIVE_DIRECT: dict[tuple, tuple[DirectProgram, tuple]] = {}
+_ADAPTIVE_DIRECT: dict[tuple, tuple[DirectProgram, AdaptiveLayout, torch.device]] = {}
 
 
 def mxfp4_moe_sort(
@@ -1036,37 +1036,44 @@ def mxfp4_moe_sort(
     key = None
     count = num_local_tokens
     if (
-        not torch.compiler.is_compiling()
+        type(M_logical) is type(NE) is type(TOPK) is type(D_HIDDEN) is int
+        and type(D_INTER) is type(MB) is type(prologue) is int
         and direct_calls_allowed()
-        and type(M_logical) is int
-        and type(NE) is int
-        and type(TOPK) is int
-        and type(D_HIDDEN) is int
-        and type(D_INTER) is int
-        and type(MB) is int
-        and type(prologue) is int
     ):
         try:
+            # One flat key of plain values (ints, dtypes, bools: cheap to hash). The
+            # routing tensors by shape and strides (one that is not 2-D fails to unpack
+            # and takes the full path, which says why); the buffers by what the checks
+            # read of them: dtype, device, contiguity, size.
+            rows, cols = topk_ids.shape
+            w_rows, w_cols = topk_weight.shape
+            workspace = bf16_zero_workspace.numel()
             key = (
-                topk_ids.shape, topk_ids.stride(), topk_ids.dtype, topk_ids.device,
-                topk_weight.shape, topk_weight.stride(), topk_weight.dtype, topk_weight.device,
-                sorted_token_ids.shape, sorted_token_ids.stride(), sorted_token_ids.dtype,
-                sorted_token_ids.device,
-                sorted_expert_ids.shape, sorted_expert_ids.stride(), sorted_expert_ids.dtype,
-                sorted_expert_ids.device,
-                cumsum_tensor.shape, cumsum_tensor.stride(), cumsum_tensor.dtype,
-                cumsum_tensor.device,
-                reverse_sorted.shape, reverse_sorted.stride(), reverse_sorted.dtype,
-                reverse_sorted.device,
-                sorted_weights.shape, sorted_weights.stride(), sorted_weights.dtype,
-                sorted_weights.device,
-                m_indices.shape, m_indices.stride(), m_indices.dtype, m_indices.device,
-                bf16_zero_out.shape, bf16_zero_out.stride(), bf16_zero_out.dtype,
-                bf16_zero_out.device,
-                bf16_zero_workspace.shape, bf16_zero_workspace.stride(),
-                bf16_zero_workspace.dtype, bf16_zero_workspace.device,
+                rows, cols, *topk_ids.stride(), topk_ids.dtype, topk_ids.get_device(),
+                topk_ids.is_cuda,
+                w_rows, w_cols, *topk_weight.stride(), topk_weight.dtype,
+                topk_weight.get_device(), topk_weight.is_cuda,
+                sorted_token_ids.dtype, sorted_token_ids.get_device(), sorted_token_ids.is_cuda,
+                sorted_token_ids.is_contiguous(), sorted_token_ids.numel(),
+                sorted_expert_ids.dtype, sorted_expert_ids.get_device(),
+                sorted_expert_ids.is_cuda, sorted_expert_ids.is_contiguous(),
+                sorted_expert_ids.numel(),
+                cumsum_tensor.dtype, cumsum_tensor.get_device(), cumsum_tensor.is_cuda,
+                cumsum_tensor.is_contiguous(), cumsum_tensor.numel(),
+                reverse_sorted.dtype, reverse_sorted.get_device(), reverse_sorted.is_cuda,
+                reverse_sorted.is_contiguous(), reverse_sorted.numel(),
+                sorted_weights.dtype, sorted_weights.get_device(), sorted_weights.is_cuda,
+                sorted_weights.is_contiguous(), sorted_weights.numel(),
+                m_indices.dtype, m_indices.get_device(), m_indices.is_cuda,
+                m_indices.is_contiguous(), m_indices.numel(),
+                bf16_zero_out.dtype, bf16_zero_out.get_device(), bf16_zero_out.is_cuda,
+                bf16_zero_out.is_contiguous(), bf16_zero_out.numel(),
+                bf16_zero_workspace.dtype, bf16_zero_workspace.get_device(),
+                bf16_zero_workspace.is_cuda, bf16_zero_workspace.is_contiguous(), workspace,
                 M_logical, NE, TOPK, D_HIDDEN, D_INTER, MB, prologue,
-                None if count is None else (count.shape, count.dtype, count.device),
+                None if count is None else (
+                    count.numel(), count.dtype, count.get_device(), count.is_cuda
+                ),
             )  # fmt: skip
             program = _DIRECT.get(key)
         except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
@@ -1077,14 +1084,17 @@ def mxfp4_moe_sort(
                 sorted_expert_ids.data_ptr(), cumsum_tensor.data_ptr(),
                 reverse_sorted.data_ptr(), sorted_weights.data_ptr(), m_indices.data_ptr(),
                 bf16_zero_out.data_ptr(), bf16_zero_workspace.data_ptr(),
+            ) if count is None else (
+                topk_ids.data_ptr(), topk_weight.data_ptr(), sorted_token_ids.data_ptr(),
+                sorted_expert_ids.data_ptr(), cumsum_tensor.data_ptr(),
+                reverse_sorted.data_ptr(), sorted_weights.data_ptr(), m_indices.data_ptr(),
+                bf16_zero_out.data_ptr(), bf16_zero_workspace.data_ptr(), count.data_ptr(),
             )  # fmt: skip
-            if count is not None:
-                ptrs = (*ptrs, count.data_ptr())
             if program.clear(ptrs) and hip_buffers_small(
                 topk_ids, topk_weight, sorted_token_ids, sorted_weights, m_indices, bf16_zero_out
             ):
                 program.launch(ptrs)
-                if bf16_zero_workspace.numel() > 0:
+                if workspace > 0:
                     bf16_zero_workspace.zero_()
                 return
     args = (
@@ -1136,11 +1146,16 @@ def _extent(x: torch.Tensor) -> int:
 @dataclass(frozen=True)
 class AdaptiveLayout:
     """Where :func:`adaptive_moe_sort`'s int32/float32 outputs lie in its one int32
-    arena: ``sizes`` splits it (outputs and 16-byte pads alternating), ``offsets`` are
-    the outputs' first elements; ``moe_shape`` is ``moe_buf``'s."""
+    arena. ``sizes`` splits it: the three outputs of ``max_sorted`` elements first (a
+    multiple of the block size, so each stays 16-byte aligned), then the others, with a
+    pad after any whose length would misalign the next; ``parts``: which pieces are
+    sorted_token_ids, sorted_expert_ids, num_valid_ids, reverse_sorted, sorted_weights
+    and m_indices; ``offsets``: their first elements in the arena, in that order;
+    ``moe_shape``: ``moe_buf``'s shape."""
 
     total: int
     sizes: tuple[int, ...]
+    parts: tuple[int, ...]
     offsets: tuple[int, ...]
     moe_shape: tuple[int, int]
 
@@ -1150,14 +1165,23 @@ def adaptive_layout(M: int, topk: int, NE: int, BM: int, model_dim: int, atomic:
     """The arena layout of one shape: sorted_token_ids, sorted_expert_ids, num_valid_ids,
     reverse_sorted, sorted_weights, m_indices (sizes as aiter's ``_adaptive_moe_sort``)."""
     max_sorted = max_sorted_size(M, topk, NE, BM)
-    numels = (max_sorted, max_sorted // BM, 2, M * topk, max_sorted, max_sorted)
-    sizes, offsets, at = [], [], 0
-    for n in numels:
-        pad = -n % 4  # keep every output 16-byte aligned
-        sizes += [n, pad]
-        offsets.append(at)
-        at += n + pad
-    return AdaptiveLayout(at, tuple(sizes), tuple(offsets), (M, model_dim) if atomic else (0, 0))
+    # In arena order: sorted_token_ids, sorted_weights, m_indices, reverse_sorted,
+    # sorted_expert_ids, num_valid_ids (output indices 0, 4, 5, 3, 1, 2).
+    arena = ((0, max_sorted), (4, max_sorted), (5, max_sorted), (3, M * topk))
+    arena += ((1, max_sorted // BM), (2, 2))
+    sizes: list[int] = []
+    parts, offsets = [0] * 6, [0] * 6
+    at = 0
+    for i, (out, n) in enumerate(arena):
+        parts[out], offsets[out] = len(sizes), at
+        sizes.append(n)
+        at += n
+        pad = -n % 4  # keep the next output 16-byte aligned
+        if pad and i + 1 < len(arena):
+            sizes.append(pad)
+            at += pad
+    moe_shape = (M, model_dim) if atomic else (0, 0)
+    return AdaptiveLayout(at, tuple(sizes), tuple(parts), tuple(offsets), moe_shape)
 
 
 def _adaptive_outputs(
@@ -1166,10 +1190,14 @@ def _adaptive_outputs(
     """``(sorted_token_ids, sorted_expert_ids, num_valid_ids, reverse_sorted,
     sorted_weights, m_indices, moe_buf)``: one int32 arena split in one call, and
     ``moe_buf``."""
-    parts = torch.empty(layout.total, dtype=torch.int32, device=device).split(layout.sizes)
+    pieces = torch.empty(layout.total, dtype=torch.int32, device=device).split_with_sizes(
+        layout.sizes
+    )
+    p = layout.parts
     moe_buf = torch.empty(layout.moe_shape, dtype=moebuf_dtype, device=device)
     return (
-        parts[0], parts[2], parts[4], parts[6], parts[8].view(torch.float32), parts[10], moe_buf,
+        pieces[p[0]], pieces[p[1]], pieces[p[2]], pieces[p[3]], pieces[p[4]].view(torch.float32),
+        pieces[p[5]], moe_buf,
     )  # fmt: skip
 
 
@@ -1198,37 +1226,39 @@ def adaptive_moe_sort(
     """
     key = None
     count = num_local_tokens
-    if (
-        not torch.compiler.is_compiling()
-        and direct_calls_allowed()
-        and type(num_experts) is int
-        and type(topk) is int
-        and type(block_size) is int
-        and type(model_dim) is int
+    if type(num_experts) is type(topk) is type(block_size) is type(model_dim) is int and (
+        direct_calls_allowed()
     ):
         try:
+            # One flat key of plain values (see mxfp4_moe_sort).
+            rows, cols = topk_ids.shape
+            w_rows, w_cols = topk_weights.shape
             key = (
-                topk_ids.shape, topk_ids.stride(), topk_ids.dtype, topk_ids.device,
-                topk_weights.shape, topk_weights.stride(), topk_weights.dtype,
-                topk_weights.device, num_experts, topk, block_size, model_dim, bool(atomic),
-                moebuf_dtype, None if count is None else (count.shape, count.dtype, count.device),
+                rows, cols, *topk_ids.stride(), topk_ids.dtype, topk_ids.get_device(),
+                topk_ids.is_cuda, w_rows, w_cols, *topk_weights.stride(), topk_weights.dtype,
+                topk_weights.get_device(), topk_weights.is_cuda, num_experts, topk,
+                block_size, model_dim, bool(atomic), moebuf_dtype,
+                None if count is None else (
+                    count.numel(), count.dtype, count.get_device(), count.is_cuda
+                ),
             )  # fmt: skip
             found = _ADAPTIVE_DIRECT.get(key)
         except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
             key = found = None
         if found is not None:
-            program, layout = found
-            device = key[3]
+            program, layout, device = found
             outs = _adaptive_outputs(layout, moebuf_dtype, device)
-            base = outs[0].data_ptr()
+            base = outs[0].data_ptr()  # the arena's first element
             o = layout.offsets
             ptrs = (
                 topk_ids.data_ptr(), topk_weights.data_ptr(), base, base + 4 * o[1],
                 base + 4 * o[2], base + 4 * o[3], base + 4 * o[4], base + 4 * o[5],
                 outs[6].data_ptr(),
+            ) if count is None else (
+                topk_ids.data_ptr(), topk_weights.data_ptr(), count.data_ptr(), base,
+                base + 4 * o[1], base + 4 * o[2], base + 4 * o[3], base + 4 * o[4],
+                base + 4 * o[5], outs[6].data_ptr(),
             )  # fmt: skip
-            if count is not None:
-                ptrs = (*ptrs[:2], count.data_ptr(), *ptrs[2:])
             if program.clear(ptrs) and hip_buffers_small(topk_ids, topk_weights):
                 program.launch(ptrs)
                 return _adaptive_result(outs, emit_aux)
@@ -1272,7 +1302,7 @@ def adaptive_moe_sort(
         launches, taken, callers, (0,) * len(callers), (False,) * len(callers), own, device
     )
     if program is not None:
-        bounded_put(_ADAPTIVE_DIRECT, key, (program, layout))
+        bounded_put(_ADAPTIVE_DIRECT, key, (program, layout, device))
     return _adaptive_result(outs, emit_aux)
 
 

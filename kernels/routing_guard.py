@@ -29,10 +29,10 @@ dispatcher. On the CPU it runs the Triton kernel through the interpreter when Tr
 imported with ``TRITON_INTERPRET=1``, and :func:`guard_routing_reference` otherwise.
 
 Host cost: the first eager call of a signature (shapes, strides, dtypes, devices, expert
-count) runs the full checks and keeps a direct program
-(:class:`~sglang_amd_moe.kernels.utils.DirectProgram`); later calls of that signature
-allocate the two outputs, read the addresses and launch the compiled kernel with integer
-pointers. The inputs are only read, so no overlap check is needed.
+count) runs the full checks and keeps a direct program (:class:`.utils.PairProgram`);
+later calls take a premade pair of outputs from a slab, read three addresses, check
+their alignment and launch the compiled kernel with integer pointers.
+The inputs are only read, so no overlap check is needed.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ import triton.language as tl
 from ._validate import check_guard_call
 from .reference import guard_routing_reference
 from .utils import (
-    DirectProgram,
     KernelLauncher,
+    PairProgram,
     bounded_put,
     capture_launches,
     device_guard,
@@ -238,9 +238,8 @@ def _guard_routing_fake(
     )
 
 
-# Direct programs by call signature, and whether both inputs are contiguous (see
-# guard_routing).
-_DIRECT: dict[tuple, tuple[DirectProgram, bool]] = {}
+# Direct programs by call signature (see guard_routing).
+_DIRECT: dict[tuple, PairProgram] = {}
 
 
 def guard_routing(
@@ -258,46 +257,38 @@ def guard_routing(
 
     ``topk_ids`` int32 or int64 and ``topk_weights`` float32, bfloat16 or float16, both
     ``[M, K]`` on one device, any strides; ``num_experts`` an int in ``[1, 2**31 - 1]``.
-    The outputs are contiguous, of the inputs' dtypes. Bad inputs raise
+    The outputs are contiguous, of the inputs' dtypes, memory no other tensor uses
+    (eagerly, small ones are views of a slab shared with other calls' outputs: see
+    :class:`~sglang_amd_moe.kernels.utils.PairProgram`). Bad inputs raise
     ``TypeError``/``ValueError`` before anything is launched. No host synchronization;
     capturable in a CUDA/HIP graph.
     """
     key = None
-    if not torch.compiler.is_compiling() and direct_calls_allowed():
+    if direct_calls_allowed():
         try:
-            count_key = (
-                None
-                if num_local_tokens is None
-                else (num_local_tokens.shape, num_local_tokens.dtype, num_local_tokens.device)
-            )
+            # One flat key of plain values (ints, dtypes, bools: cheap to hash); a tensor
+            # that is not 2-D fails to unpack and takes the full path, which says why.
+            rows, cols = topk_ids.shape
+            w_rows, w_cols = topk_weights.shape
+            count = num_local_tokens
             key = (
-                topk_ids.shape, topk_ids.stride(), topk_ids.dtype, topk_ids.device,
-                topk_weights.shape, topk_weights.stride(), topk_weights.dtype,
-                topk_weights.device, type(num_experts), num_experts, count_key,
+                rows, cols, *topk_ids.stride(), topk_ids.dtype, topk_ids.get_device(),
+                topk_ids.is_cuda, w_rows, w_cols, *topk_weights.stride(), topk_weights.dtype,
+                topk_weights.get_device(), topk_weights.is_cuda, type(num_experts), num_experts,
+                None if count is None else (
+                    count.numel(), count.dtype, count.get_device(), count.is_cuda
+                ),
             )  # fmt: skip
-            found = _DIRECT.get(key)
+            program = _DIRECT.get(key)
         except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
-            key = found = None
-        if found is not None:
-            program, contiguous = found
-            if contiguous:  # empty_like of a contiguous tensor is contiguous, and cheaper
-                out_ids, out_w = torch.empty_like(topk_ids), torch.empty_like(topk_weights)
-            else:
-                out_ids = torch.empty(key[0], dtype=key[2], device=key[3])
-                out_w = torch.empty(key[0], dtype=key[6], device=key[3])
-            if num_local_tokens is None:
-                ptrs = (
-                    topk_ids.data_ptr(), topk_weights.data_ptr(), out_ids.data_ptr(),
-                    out_w.data_ptr(),
-                )  # fmt: skip
-            else:
-                ptrs = (
-                    topk_ids.data_ptr(), topk_weights.data_ptr(), num_local_tokens.data_ptr(),
-                    out_ids.data_ptr(), out_w.data_ptr(),
-                )  # fmt: skip
-            if program.clear(ptrs) and hip_buffers_small(topk_ids, topk_weights):
-                program.launch(ptrs)
-                return out_ids, out_w
+            key = program = None
+        if program is not None:
+            p_ids, p_w = topk_ids.data_ptr(), topk_weights.data_ptr()
+            p_count = p_ids if count is None else count.data_ptr()  # placeholder: never read
+            # The inputs are only read and the outputs are the program's own: alignment
+            # is all that depends on the addresses.
+            if not (p_ids | p_w | p_count) & 15 and hip_buffers_small(topk_ids, topk_weights):
+                return program(p_ids, p_w, p_count)
     count, num_experts = check_guard_call(topk_ids, topk_weights, num_experts, num_local_tokens)
     if torch.compiler.is_compiling():
         return _guard_routing_op(topk_ids, topk_weights, num_experts, count)
@@ -308,16 +299,19 @@ def guard_routing(
     # The first call of this signature: launch, and keep its direct program.
     with capture_launches() as launches:
         out_ids, out_w = _launch_guard(topk_ids, topk_weights, num_experts, count)
-    callers = [topk_ids, topk_weights] + ([] if count is None else [count])
+    placeholder = topk_ids if count is None else count
     program = launch_and_keep(
         launches,
         topk_ids.device,
-        callers,
-        (0,) * len(callers),  # only read: no overlap to check
-        (False,) * len(callers),
+        [topk_ids, topk_weights, placeholder],
+        (0, 0, 0),  # only read: no overlap to check
+        (False, False, False),
         own=[out_ids, out_w],
     )
-    if program is not None:
-        contiguous = topk_ids.is_contiguous() and topk_weights.is_contiguous()
-        bounded_put(_DIRECT, key, (program, contiguous))
+    # The hit path passes the addresses in the kernel's order: ids, weights, count (or
+    # the ids' again), then the two outputs.
+    if program is not None and len(program.launches) == 1:
+        launch = program.launches[0]
+        if launch.slots in ((0, 1, 2, 3, 4), (0, 1, 0, 3, 4)):
+            bounded_put(_DIRECT, key, PairProgram(launch, program.index, out_ids, out_w))
     return out_ids, out_w

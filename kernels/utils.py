@@ -9,6 +9,9 @@
   running them, so tools can see exactly what the package's own launch planning asks
   for (e.g. with tensors on the ``meta`` device, which never run) and compile it for
   other targets.
+- :class:`DirectProgram` / :class:`PairProgram`: the lean host path of a call signature
+  seen before (see "direct calls" below); a :class:`PairProgram` also premakes the two
+  outputs of the routing guard.
 - :func:`scratch`: a reusable device buffer for a kernel's intermediate values.
 - :func:`max_sorted_size`: the sort's worst-case output length, as aiter sizes it.
 - :func:`real_rows`: a host-side row count, clamped as the kernels clamp it on the device.
@@ -356,10 +359,15 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
 
 
 def direct_calls_allowed() -> bool:
-    """Whether a call may take its direct program now: compiled kernels launched
-    directly, no :func:`capture_launches` block, no launch hook (a profiler's)."""
+    """Whether a call may take its direct program now: not traced by ``torch.compile``,
+    compiled kernels launched directly, no :func:`capture_launches` block, no launch
+    hook (a profiler's)."""
     return (
-        FAST_LAUNCH and not _INTERPRETING and _CAPTURED.get() is None and not _launch_hooks_active()
+        not torch.compiler.is_compiling()
+        and FAST_LAUNCH
+        and not _INTERPRETING
+        and _CAPTURED.get() is None
+        and not _launch_hooks_active()
     )
 
 
@@ -376,13 +384,14 @@ class DirectLaunch:
     its grid, which of the call's pointers it takes (in its parameter order: pointers
     first), and its integer arguments and constants."""
 
-    __slots__ = ("run", "function", "packed", "g0", "g1", "g2", "pick", "tail")
+    __slots__ = ("run", "function", "packed", "g0", "g1", "g2", "slots", "pick", "tail")
 
     def __init__(self, handle: tuple, grid: tuple, slots: tuple[int, ...], tail: tuple) -> None:
         self.run, self.function, self.packed = handle
         self.g0 = grid[0]
         self.g1 = grid[1] if len(grid) > 1 else 1
         self.g2 = grid[2] if len(grid) > 2 else 1
+        self.slots = slots
         self.pick = _picker(slots)
         self.tail = tail
 
@@ -393,6 +402,16 @@ class DirectLaunch:
         )  # fmt: skip
 
 
+# Bumped whenever a cached scratch or counter buffer is replaced or dropped: a direct
+# program keeps the addresses of the buffers it last took, valid while this is unchanged.
+_BUFFERS_GENERATION = [0]
+
+
+def _capturing() -> bool:
+    """Whether the current stream is being captured into a CUDA/HIP graph."""
+    return torch._C._cuda_isCurrentStreamCapturing()
+
+
 class DirectProgram:
     """Every launch of one call signature, launched with the call's pointers.
 
@@ -401,9 +420,11 @@ class DirectProgram:
     take the program: aligned, and no written span overlapping another span (checked
     only when the pointers differ from the last call's). ``buffers``: the int32 buffers
     the launches take after the call's pointers, each ``(name, elements, zeroed)``: a
-    :func:`scratch` buffer, or (``zeroed``) a :func:`zeroed_state` one."""
+    :func:`scratch` buffer, or (``zeroed``) a :func:`zeroed_state` one. Eagerly the
+    program keeps the buffers it took last (and their addresses) for its stream and
+    host thread, and takes them again while no cached buffer was replaced since."""
 
-    __slots__ = ("launches", "index", "extents", "written", "last", "callers", "buffers")
+    __slots__ = ("launches", "index", "extents", "written", "last", "callers", "buffers", "_held")
 
     def __init__(
         self,
@@ -420,12 +441,15 @@ class DirectProgram:
         self.callers = len(extents)
         self.last: tuple | None = None
         self.buffers = buffers
+        # (stream, host thread, generation, buffers, their addresses) of the last eager call
+        self._held: tuple | None = None
 
     def clear(self, ptrs: tuple) -> bool:
-        """Whether ``ptrs`` (the caller's tensors' addresses, then the program's own
-        buffers) are 16-byte aligned and the caller's spans do not overlap where the
-        program writes. Spans that overlap go to the full path, which checks byte-exactly."""
-        callers = ptrs[: self.callers]
+        """Whether ``ptrs`` (the caller's tensors' addresses, then any the program's own
+        outputs take) are 16-byte aligned and the caller's spans do not overlap where
+        the program writes. Spans that overlap go to the full path, which checks
+        byte-exactly."""
+        callers = ptrs if len(ptrs) == self.callers else ptrs[: self.callers]
         if callers == self.last:
             return True
         acc = 0
@@ -447,24 +471,52 @@ class DirectProgram:
         return True
 
     def launch(self, ptrs: tuple) -> None:
+        """Launch on the program's device (made current for the call when it is not)."""
         index = self.index
         if _current_device() != index:
             with torch.cuda.device(index):
-                self._launch(_current_raw_stream(index), ptrs)
+                self.launch_on(_current_raw_stream(index), ptrs)
         else:
-            self._launch(_current_raw_stream(index), ptrs)
+            self.launch_on(_current_raw_stream(index), ptrs)
 
-    def _launch(self, stream: int, ptrs: tuple) -> None:
-        # Hold the buffers until every launch is queued: under graph capture they are
-        # fresh, and one freed early could be handed out again within the call.
-        held = []
-        for name, numel, zeroed in self.buffers:
-            buf = (state_on if zeroed else scratch_on)(self.index, stream, name, numel)
-            held.append(buf)
-            ptrs = (*ptrs, buf.data_ptr())
+    def launch_on(self, stream: int, ptrs: tuple) -> None:
+        """Launch on ``stream`` of the program's device, which is current."""
+        if self.buffers:
+            # Hold the buffers until every launch is queued: under graph capture they are
+            # fresh, and one freed early could be handed out again within the call.
+            held, extra = self._take_buffers(stream)
+            ptrs = (*ptrs, *extra)
         for launch in self.launches:
-            launch(stream, ptrs)
-        del held
+            launch.run(
+                launch.g0, launch.g1, launch.g2, stream, launch.function, launch.packed,
+                None, None, None, *launch.pick(ptrs), *launch.tail,
+            )  # fmt: skip
+
+    def _take_buffers(self, stream: int) -> tuple[list[torch.Tensor], tuple[int, ...]]:
+        """The program's buffers on ``stream`` and their addresses."""
+        if _capturing():  # fresh buffers from the graph's pool, every time
+            held = self._fetch_buffers(stream)
+            return held, tuple(b.data_ptr() for b in held)
+        thread = threading.get_ident()
+        last = self._held
+        if (
+            last is not None
+            and last[0] == stream
+            and last[1] == thread
+            and last[2] == _BUFFERS_GENERATION[0]
+        ):
+            return last[3], last[4]
+        generation = _BUFFERS_GENERATION[0]
+        held = self._fetch_buffers(stream)
+        extra = tuple(b.data_ptr() for b in held)
+        self._held = (stream, thread, generation, held, extra)
+        return held, extra
+
+    def _fetch_buffers(self, stream: int) -> list[torch.Tensor]:
+        return [
+            (state_on if zeroed else scratch_on)(self.index, stream, name, numel)
+            for name, numel, zeroed in self.buffers
+        ]
 
 
 def launch_and_keep(
@@ -528,6 +580,116 @@ def _direct_launch(launch: Launch, tensors: list[torch.Tensor]) -> DirectLaunch 
     return DirectLaunch(handle, launch.grid, tuple(slots), (*ints, *runner._constexprs))
 
 
+# Outputs of a hit are carved from slabs, SLAB_PAIRS_MAX pairs at most per slab and
+# SLAB_BYTES at most per slab of each dtype (a signature whose outputs are larger gets
+# two allocations per call). A signature's first slab holds 2 pairs, each next one twice
+# as many, so one seen rarely allocates little. Slabs are kept, per stream, for the
+# POOLED_PROGRAMS signatures that refilled last.
+SLAB_BYTES = 1 << 20
+SLAB_PAIRS_MAX = 16
+POOLED_PROGRAMS = 8
+
+
+class PairProgram:
+    """The direct program of a one-launch call that returns two new ``[M, K]`` tensors
+    (the routing guard's): its compiled launch, and the outputs of later calls, premade.
+
+    Each output pair of a hit is two fresh, contiguous ``[M, K]`` tensors no one else
+    holds: views of two slabs (one per dtype) made a batch at a time, one slab row per
+    pair, each row 16-byte aligned, so a hit allocates nothing itself and reads no
+    output address (the addresses are known when the slab is made). Slabs are per
+    stream (the caching allocator reuses a block on the stream it was allocated on) and
+    never used while the stream is being captured into a graph (a graph's outputs come
+    from its own pool). A pair a caller keeps holds its slab alive (at most
+    ``SLAB_BYTES`` per dtype)."""
+
+    __slots__ = (
+        "run", "function", "packed", "grid", "tail", "index", "device", "shape", "ids_dtype",
+        "w_dtype", "ids_row", "w_row", "ids_size", "w_size", "batch", "batch_max", "pools",
+    )  # fmt: skip
+
+    def __init__(
+        self, launch: DirectLaunch, index: int, out_ids: torch.Tensor, out_w: torch.Tensor
+    ) -> None:
+        self.run, self.function, self.packed = launch.run, launch.function, launch.packed
+        self.grid = (launch.g0, launch.g1, launch.g2)
+        self.tail = launch.tail
+        self.index = index
+        self.device = out_ids.device
+        self.shape = out_ids.shape
+        self.ids_dtype, self.w_dtype = out_ids.dtype, out_w.dtype
+        self.ids_size, self.w_size = out_ids.element_size(), out_w.element_size()
+        numel = out_ids.numel()
+        # Slab row lengths in elements, rounded up to 16 bytes.
+        self.ids_row = -(-numel * self.ids_size // 16) * 16 // self.ids_size
+        self.w_row = -(-numel * self.w_size // 16) * 16 // self.w_size
+        widest = max(self.ids_row * self.ids_size, self.w_row * self.w_size, 16)
+        self.batch_max = min(SLAB_PAIRS_MAX, SLAB_BYTES // widest)
+        self.batch = 2
+        self.pools: dict[int, list[tuple]] = {}
+
+    def __call__(self, p_ids: int, p_w: int, p_count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        index = self.index
+        if _current_device() != index:
+            with torch.cuda.device(index):
+                return self._launch(_current_raw_stream(index), p_ids, p_w, p_count)
+        return self._launch(_current_raw_stream(index), p_ids, p_w, p_count)
+
+    def _launch(
+        self, stream: int, p_ids: int, p_w: int, p_count: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        pool = self.pools.get(stream)
+        if pool and not _capturing():
+            try:
+                out_ids, out_w, p_out_ids, p_out_w = pool.pop()
+            except IndexError:  # another host thread took the last pair
+                out_ids, out_w, p_out_ids, p_out_w = self._outputs(stream)
+        else:
+            out_ids, out_w, p_out_ids, p_out_w = self._outputs(stream)
+        g0, g1, g2 = self.grid
+        self.run(
+            g0, g1, g2, stream, self.function, self.packed, None, None, None,
+            p_ids, p_w, p_count, p_out_ids, p_out_w, *self.tail,
+        )  # fmt: skip
+        return out_ids, out_w
+
+    def _outputs(self, stream: int) -> tuple:
+        """One output pair, from a new slab when the signature's outputs are small and
+        the stream is not being captured; else two plain allocations."""
+        device = self.device
+        if self.batch_max < 2 or _capturing():
+            out_ids = torch.empty(self.shape, dtype=self.ids_dtype, device=device)
+            out_w = torch.empty(self.shape, dtype=self.w_dtype, device=device)
+            return out_ids, out_w, out_ids.data_ptr(), out_w.data_ptr()
+        n = self.batch
+        self.batch = min(2 * n, self.batch_max)
+        rows, cols = self.shape
+        pairs = []
+        for dtype, row in ((self.ids_dtype, self.ids_row), (self.w_dtype, self.w_row)):
+            slab = torch.empty(n * row, dtype=dtype, device=device)
+            views = slab.as_strided((n, rows, cols), (row, cols, 1)).unbind(0)
+            pairs.append((views, slab.data_ptr(), row * slab.element_size()))
+        (ids_views, ids_base, ids_step), (w_views, w_base, w_step) = pairs
+        # Popped from the end: the first pair of the slab is handed out first.
+        pool = [
+            (ids_views[i], w_views[i], ids_base + i * ids_step, w_base + i * w_step)
+            for i in range(n - 1, -1, -1)
+        ]
+        first = pool.pop()
+        with _POOLED_LOCK:
+            self.pools[stream] = pool
+            _POOLED.pop(self, None)
+            _POOLED[self] = None
+            while len(_POOLED) > POOLED_PROGRAMS:
+                _POOLED.popitem(last=False)[0].pools.clear()
+        return first
+
+
+# Programs holding premade outputs, the one that refilled last at the end.
+_POOLED: collections.OrderedDict[PairProgram, None] = collections.OrderedDict()
+_POOLED_LOCK = threading.Lock()
+
+
 def hip_buffers_small(*tensors: torch.Tensor) -> bool:
     """On AMD, whether every tensor's buffer spans at most 2 GiB (what the direct
     programs were compiled for); True elsewhere."""
@@ -579,6 +741,7 @@ def scratch(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> 
         _SCRATCH.move_to_end(key)
         while len(_SCRATCH) > _SCRATCH_MAX:
             _SCRATCH.popitem(last=False)
+        _BUFFERS_GENERATION[0] += 1
     return buf
 
 
@@ -609,6 +772,7 @@ def zeroed_state(name: str, numel: int, device: torch.device) -> torch.Tensor:
         _STATE.move_to_end(key)
         while len(_STATE) > _SCRATCH_MAX:
             _STATE.popitem(last=False)
+        _BUFFERS_GENERATION[0] += 1
     return buf
 
 

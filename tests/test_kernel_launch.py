@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import collections
 from types import SimpleNamespace
 
 import pytest
@@ -33,6 +34,8 @@ from sglang_amd_moe.kernels.moe_sort import (
 from sglang_amd_moe.kernels.utils import KernelLauncher, capture_launches, max_sorted_size
 from test_mask_padded_rows import _bad_cases, _good
 from test_mxfp4_moe_sort import _BAD, _count, _outputs, _routing
+from test_routing_guard import _bad_cases as guard_bad_cases
+from test_routing_guard import _good as guard_good
 
 META = torch.device("meta")
 # Where the direct-program tests run the real kernels on their first calls: the CPU
@@ -369,6 +372,7 @@ def direct(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
     if DEV == "cpu":  # on a GPU the real device and stream (launches that do run use them)
         monkeypatch.setattr(utils, "_current_device", lambda: 0)
         monkeypatch.setattr(utils, "_current_raw_stream", lambda index: STREAM)
+        monkeypatch.setattr(utils, "_capturing", lambda: False)
     monkeypatch.setattr(
         utils.KernelLauncher, "handle", lambda self, args: (recorder.run, "function", "packed")
     )
@@ -382,9 +386,38 @@ def direct(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
         monkeypatch.setattr(mod, "triton_backend", lambda device: "triton")
     for mod in (mask_mod, guard_mod):
         monkeypatch.setattr(mod, "_DIRECT", {})
+    monkeypatch.setattr(utils, "_POOLED", collections.OrderedDict())
     monkeypatch.setattr(sort_mod, "_DIRECT", {})
     monkeypatch.setattr(sort_mod, "_ADAPTIVE_DIRECT", {})
     return recorder
+
+
+# A direct program is keyed by CUDA device (its index, and whether it is CUDA): every
+# non-CUDA tensor keys alike, and real programs exist only on a GPU. The stand-in above
+# builds them for CPU tensors, so there a tensor moved to the meta device would hit the
+# program of its CPU signature; on a GPU (the device run takes this file there) it
+# misses and the full path refuses it, which these cases then check.
+_KEYED_ALIKE_ON_CPU = (
+    {"count on another device", "output on another device"} if DEV == "cpu" else set()
+)
+
+
+def _refuses_alike(label: str, attempt) -> None:
+    """``attempt()`` builds a bad call: ``(call, exception, unchanged)``. Made twice,
+    with direct programs off, then on: both raise the exception with one message, and
+    ``unchanged()`` (when given) holds after each."""
+    messages = []
+    for allowed in (False, True):
+        call, exc, unchanged = attempt()
+        utils.FAST_LAUNCH = allowed
+        try:
+            with pytest.raises(exc) as info:
+                call()
+        finally:
+            utils.FAST_LAUNCH = True
+        messages.append(str(info.value))
+        assert unchanged is None or unchanged(), label
+    assert messages[0] == messages[1], label
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch, module, name: str) -> list:
@@ -427,19 +460,19 @@ def test_mask_hits_still_refuse_what_the_full_checks_refuse(direct) -> None:
     without direct programs, with the same message, and writes nothing."""
     mask_padded_rows_(*_good())  # registers the good signature
     for label, build in _bad_cases():
-        messages = []
-        for allowed in (False, True):
+        if label in _KEYED_ALIKE_ON_CPU:
+            continue
+
+        def attempt(build=build):
             ids, w, count = _good()
             args, exc = build(ids, w, count)
-            utils.FAST_LAUNCH = allowed
-            try:
-                with pytest.raises(exc) as info:
-                    mask_padded_rows_(*args)
-            finally:
-                utils.FAST_LAUNCH = True
-            messages.append(str(info.value))
-            assert bool((ids == 9999).all()) and bool((w == 5.0).all()), label
-        assert messages[0] == messages[1], label
+
+            def unchanged() -> bool:
+                return bool((ids == 9999).all()) and bool((w == 5.0).all())
+
+            return lambda: mask_padded_rows_(*args), exc, unchanged
+
+        _refuses_alike(label, attempt)
     # Same signature, pointers that overlap: the hit goes to the full path and refuses.
     ids, w, _ = _good()
     with pytest.raises(ValueError, match="overlap in memory"):
@@ -492,6 +525,94 @@ def test_guard_second_call_allocates_and_launches_directly(direct, monkeypatch, 
     assert len(checks) == 2
 
 
+def test_guard_hits_still_refuse_what_the_full_checks_refuse(direct) -> None:
+    """Warm a signature, then every bad call of the guard's suite raises what it raises
+    without direct programs, with the same message, and launches nothing."""
+    from sglang_amd_moe.kernels import guard_routing
+
+    keyed_alike = {"weights on another device"} | _KEYED_ALIKE_ON_CPU if DEV == "cpu" else set()
+    guard_routing(*guard_good()[:2], 257, guard_good()[2])  # registers the good signature
+    for label, build in guard_bad_cases():
+        if label in keyed_alike:
+            continue
+
+        def attempt(build=build):
+            args, exc, _ = build(*guard_good())
+            return lambda: guard_routing(*args), exc, None
+
+        _refuses_alike(label, attempt)
+    assert not direct.calls
+
+
+def _spans_disjoint(tensors: list[torch.Tensor]) -> bool:
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors)
+    return all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+@pytest.mark.parametrize(("rows", "cols", "id_dtype"), [(1, 9, torch.int32), (5, 3, torch.int64)])
+def test_guard_hits_hand_out_fresh_aligned_outputs(direct, rows, cols, id_dtype) -> None:
+    """Outputs of hits come from slabs: each pair fresh memory (no two live outputs share
+    a byte), contiguous, 16-byte aligned even where a row of the slab is not a multiple
+    of 16 bytes, at the addresses the launch was given; slabs grow 2, 4, 8, 16 pairs."""
+    import sglang_amd_moe.kernels.routing_guard as guard_mod
+    from sglang_amd_moe.kernels import guard_routing
+
+    ids = torch.randint(0, 9, (rows, cols), dtype=id_dtype, device=DEV)
+    w = torch.rand(rows, cols, dtype=torch.bfloat16, device=DEV)
+    guard_routing(ids, w, 257)
+    (program,) = guard_mod._DIRECT.values()
+    outs, batches = [], []
+    for _ in range(40):
+        outs.append(guard_routing(ids, w, 257))
+        batches.append(program.batch)
+    assert batches[0] == 4 and max(batches) == utils.SLAB_PAIRS_MAX
+    assert len(direct.calls) == 40
+    for call, (out_ids, out_w) in zip(direct.calls, outs, strict=True):
+        for out, like in ((out_ids, ids), (out_w, w)):
+            assert out.shape == (rows, cols) and out.dtype == like.dtype and out.is_contiguous()
+            assert out.data_ptr() % 16 == 0
+        assert call[9:14] == (ids.data_ptr(), w.data_ptr(), ids.data_ptr(), out_ids.data_ptr(),
+                              out_w.data_ptr())  # fmt: skip
+    assert _spans_disjoint([t for pair in outs for t in pair] + [ids, w])
+
+
+def test_guard_outputs_under_capture_and_large_ones_are_allocated_each(direct, monkeypatch):
+    """While the stream is being captured a hit allocates its outputs (from the graph's
+    pool) and leaves the slabs alone; outputs past the slab size are allocated each call."""
+    import sglang_amd_moe.kernels.routing_guard as guard_mod
+    from sglang_amd_moe.kernels import guard_routing
+
+    ids = torch.randint(0, 9, (4, 8), dtype=torch.int32, device=DEV)
+    w = torch.rand(4, 8, device=DEV)
+    guard_routing(ids, w, 257)
+    (program,) = guard_mod._DIRECT.values()
+    guard_routing(ids, w, 257)  # makes a slab of 2 pairs, hands out one
+    monkeypatch.setattr(utils, "_capturing", lambda: True)
+    captured = [guard_routing(ids, w, 257) for _ in range(3)]
+    assert all(t._base is None for pair in captured for t in pair)
+    assert [len(pool) for pool in program.pools.values()] == [1]
+    monkeypatch.setattr(utils, "_capturing", lambda: False)
+    monkeypatch.setattr(utils, "SLAB_BYTES", 2 * 3 * 8 * 4 - 1)  # under 2 rows of [3, 8]
+    guard_routing(ids[:3], w[:3], 257)
+    big = [guard_routing(ids[:3], w[:3], 257) for _ in range(3)]
+    assert all(t._base is None for pair in big for t in pair)
+    assert len(direct.calls) == 3 + 1 + 3
+
+
+def test_guard_slabs_are_kept_for_the_last_signatures_only(direct) -> None:
+    import sglang_amd_moe.kernels.routing_guard as guard_mod
+    from sglang_amd_moe.kernels import guard_routing
+
+    for rows in range(1, utils.POOLED_PROGRAMS + 4):
+        ids = torch.randint(0, 9, (rows, 2), dtype=torch.int32, device=DEV)
+        w = torch.rand(rows, 2, device=DEV)
+        guard_routing(ids, w, 257)
+        guard_routing(ids, w, 257)
+    holding = [p for p in guard_mod._DIRECT.values() if p.pools]
+    assert len(holding) == utils.POOLED_PROGRAMS == len(utils._POOLED)
+    assert [p.shape[0] for p in holding] == list(range(4, utils.POOLED_PROGRAMS + 4))
+
+
 def test_sort_second_call_launches_directly_and_hits_still_refuse(direct, monkeypatch) -> None:
     import sglang_amd_moe.kernels.moe_sort as sort_mod
 
@@ -511,18 +632,15 @@ def test_sort_second_call_launches_directly_and_hits_still_refuse(direct, monkey
     plan = sort_plan(M, NE, K, M * 16, MB)
     assert len(checks) == 1 and len(direct.calls) == plan.launches
     for label, mutate, exc in _BAD:
-        messages = []
-        for allowed in (False, True):
+        if label in _KEYED_ALIKE_ON_CPU:
+            continue
+
+        def attempt(mutate=mutate, exc=exc):
             kw = kwargs()
             mutate(kw)
-            utils.FAST_LAUNCH = allowed
-            try:
-                with pytest.raises(exc) as info:
-                    mxfp4_moe_sort(**kw)
-            finally:
-                utils.FAST_LAUNCH = True
-            messages.append(str(info.value))
-        assert messages[0] == messages[1], label
+            return lambda: mxfp4_moe_sort(**kw), exc, None
+
+        _refuses_alike(label, attempt)
     assert len(direct.calls) == plan.launches  # no bad call launched
 
 

@@ -521,6 +521,74 @@ def test_direct_programs_on_the_gpu():
         _call_sort(mxfp4_moe_sort, ids, w, out, 64, 513, 11, 32, None)
 
 
+def test_guard_slab_outputs_each_keep_their_own_call():
+    """Hits hand out outputs carved from slabs: every output kept from 40 calls on two
+    streams, with new inputs each time, still holds its own call's result at the end
+    (no later call, on either stream, wrote into it), and no two share memory."""
+    M, K = 64, 9
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    kept = []
+    for i in range(40):
+        ids, w = _guard_inputs(M, K, torch.int32, torch.float32, seed=200 + i, bad=0.5)
+        count = torch.tensor([(7 * i) % (M + 1)], dtype=torch.int32, device=DEV)
+        with torch.cuda.stream(streams[i % 2]):
+            out = guard_routing(ids, w, E_GUARD, count)
+        kept.append((ids, w, count, out))
+    torch.cuda.synchronize()
+    spans = []
+    for ids, w, count, (out_ids, out_w) in kept:
+        want_ids, want_w = guard_routing_reference(ids, w, E_GUARD, count)
+        assert torch.equal(out_ids, want_ids) and torch.equal(bits(out_w), bits(want_w))
+        for t in (out_ids, out_w):
+            assert t.is_contiguous() and t.data_ptr() % 16 == 0
+            spans.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_guard_graph_and_eager_hits_on_one_stream():
+    """A graph captured on a stream after eager hits there, replayed between more eager
+    hits on that stream: the graph's outputs are its own (from its pool), the eager
+    outputs each their own."""
+    M, K = 128, 8
+    ids, w = _guard_inputs(M, K, torch.int64, torch.bfloat16, seed=31)
+    count = torch.tensor([M], dtype=torch.int32, device=DEV)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            guard_routing(ids, w, E_GUARD, count)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            g_ids, g_w = guard_routing(ids, w, E_GUARD, count)
+        eager = []
+        for n in (0, 50, M):
+            count.fill_(n)
+            graph.replay()
+            other_ids, other_w = _guard_inputs(M, K, torch.int64, torch.bfloat16, seed=n)
+            other_count = torch.tensor([M - n], dtype=torch.int32, device=DEV)
+            out = guard_routing(other_ids, other_w, E_GUARD, other_count)  # the same signature
+            eager.append((other_ids, other_w, other_count, out))
+            want_ids, want_w = guard_routing_reference(ids, w, E_GUARD, count)
+            s.synchronize()
+            assert torch.equal(g_ids, want_ids) and torch.equal(bits(g_w), bits(want_w)), n
+    torch.cuda.synchronize()
+    for other_ids, other_w, other_count, (out_ids, out_w) in eager:
+        want_ids, want_w = guard_routing_reference(other_ids, other_w, E_GUARD, other_count)
+        assert torch.equal(out_ids, want_ids) and torch.equal(bits(out_w), bits(want_w))
+
+
+def test_direct_programs_follow_a_replaced_scratch_buffer():
+    """A direct program keeps the scratch buffer it took last; another signature that
+    needs a larger one replaces it, and the first program takes the new one after."""
+    shapes = [(64, 257, 9, 16), (4096, 896, 16, 16), (64, 257, 9, 16), (512, 513, 11, 16)]
+    for round_ in range(2):
+        for i, (M, NE, K, BM) in enumerate(shapes):
+            _check_sort(M, K, NE, BM, M // 2, seed=10 * round_ + i, atomic=False)
+
+
 def test_adaptive_direct_program_matches_the_reference():
     M, K, NE, BM = 700, 11, 513, 16
     for seed in (1, 2, 3):
