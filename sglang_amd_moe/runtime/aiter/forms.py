@@ -49,8 +49,8 @@ OUR_ADAPTIVE = "adaptive_moe_sort"
 
 #: Parameters of ``_moe_sorting_impl`` the hook reads by name (the rest pass through).
 IMPL_PARAMS_READ: tuple[str, ...] = tuple(
-    "topk_ids topk_weights num_experts model_dim moebuf_dtype block_size num_local_tokens "
-    "accumulate output_aux".split()
+    "topk_ids topk_weights num_experts model_dim moebuf_dtype block_size expert_mask "
+    "num_local_tokens accumulate output_aux".split()
 )
 #: ``_adaptive_moe_sort``'s signature as the hook replaces it: positional, then keyword-only.
 ADAPTIVE_POSITIONAL: tuple[str, ...] = tuple(
@@ -96,6 +96,9 @@ class FormReport:
     #: Functions that call ``moe_sorting(..., output_aux=True)`` without the count even
     #: though they have one (aiter main's ``_fused_moe_impl`` does): the hook threads it.
     count_dropping_callers: tuple[str, ...] = field(default_factory=tuple)
+    #: Those of them that rebind ``num_local_tokens``: their frame does not hold the
+    #: count they were given, so the hook never reads it there.
+    rebinding_callers: tuple[str, ...] = field(default_factory=tuple)
     #: Parameters of ``_mxfp4_inline_sort_unsupported`` (empty when absent).
     unsupported_params: tuple[str, ...] = field(default_factory=tuple)
     #: ``_mxfp4_inline_sort_unsupported`` rejects calls because they carry a count.
@@ -160,13 +163,8 @@ def analyze_source(source: str) -> FormReport:
     adaptive_passes = _adaptive_passes_count(adaptive)
 
     branch = _adaptive_branch(impl)
-    if branch is None:
-        return FormReport(
-            "unknown",
-            f"{SORT_IMPL} has no recognisable `if output_aux and BACKEND not in (...): "
-            f"return {ADAPTIVE}(...)` branch",
-            **common,
-        )
+    if isinstance(branch, str):
+        return FormReport("unknown", f"{SORT_IMPL}: {branch}", **common)
     backend_var, excluded, call, test_source = branch
     common.update(branch_test=test_source)
     common.update(
@@ -176,7 +174,9 @@ def analyze_source(source: str) -> FormReport:
     common["impl_passes_count"] = impl_passes
     if not call_ok:
         return FormReport("unknown", why, **common)
-    common["count_dropping_callers"] = _count_dropping_callers(tree)
+    dropping = _count_dropping_callers(tree)
+    common["count_dropping_callers"] = tuple(f.name for f in dropping)
+    common["rebinding_callers"] = tuple(f.name for f in dropping if COUNT in _bound(f.body))
 
     if unsupported is not None:
         rejects, why = _rejects_count(unsupported)
@@ -274,48 +274,48 @@ def _is_pure(expr: ast.expr, allowed: set[str]) -> bool:
     return True
 
 
-def _shape_unpacked(impl: ast.FunctionDef) -> bool:
-    """``M, topk = topk_ids.shape`` among the function's top-level statements."""
-    for stmt in impl.body:
-        if (
-            isinstance(stmt, ast.Assign)
-            and len(stmt.targets) == 1
-            and ast.unparse(stmt.targets[0]).replace(" ", "") in ("M,topk", "(M,topk)")
-            and ast.unparse(stmt.value) == "topk_ids.shape"
-        ):
-            return True
-    return False
+def _bound(stmts: list[ast.stmt]) -> list[str]:
+    """Every name ``stmts`` bind (assign, delete, import, def, ``except ... as``), repeated
+    as often as bound; nested scopes included, which errs on the side of refusing."""
+    out: list[str] = []
+    for node in ast.walk(ast.Module(body=stmts, type_ignores=[])):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            out.append(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            out += [(a.asname or a.name).split(".")[0] for a in node.names]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.append(node.name)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            out.append(node.name)
+    return out
 
 
 def _adaptive_branch(
     impl: ast.FunctionDef,
-) -> tuple[str, tuple[str, ...], ast.Call, str] | None:
+) -> tuple[str, tuple[str, ...], ast.Call, str] | str:
     """Find ``if output_aux and VAR not in (...) [and PURE]: return _adaptive_moe_sort(...)``.
 
-    Returns (backend variable, excluded backends, the call, the test as source). Extra
-    conjuncts (the tree aiter PR 7083 was written against adds a size crossover such as
-    ``3 * M * topk < 4 * num_experts``) are accepted only when pure over the parameters,
-    ``M``/``topk`` (when
-    the function unpacks ``topk_ids.shape`` into them) and the backend variable, so the
-    hook can take exactly the same decision by evaluating the same expression.
+    Returns (backend variable, excluded backends, the call, the test as source), or why
+    not. The hook evaluates the test itself, so it must mean at the call what it means in
+    upstream's function: a top-level statement, after statements that neither return nor
+    raise; reading only parameters not rebound before it, ``M``/``topk`` bound once before
+    it by ``M, topk = topk_ids.shape``, and a module-level backend variable (a name the
+    function binds is local). Extra conjuncts (aiter PR 7083's base adds a size crossover
+    such as ``3 * M * topk < 4 * num_experts``) must be pure over those names.
     """
-    params = set(param_names(impl))
-    if _shape_unpacked(impl):
-        params |= {"M", "topk"}
-    for node in ast.walk(impl):
-        if not isinstance(node, ast.If):
+    why = f"no `if output_aux and BACKEND not in (...): return {ADAPTIVE}(...)` branch"
+    for i, node in enumerate(impl.body):
+        if not isinstance(node, ast.If) or not node.body:
             continue
-        if not node.body or not isinstance(node.body[-1], ast.Return):
-            continue
-        ret = node.body[-1].value
+        ret = node.body[-1].value if isinstance(node.body[-1], ast.Return) else None
         if not (isinstance(ret, ast.Call) and call_name(ret) == ADAPTIVE):
             continue
         test = node.test
         if len(node.body) != 1:
             # Extra statements before the return would run upstream but not in the hook.
-            return None
+            return "the adaptive branch runs more than its return"
         if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And)):
-            return None
+            return why
         has_aux = any(isinstance(v, ast.Name) and v.id == "output_aux" for v in test.values)
         backend = [
             v
@@ -331,16 +331,34 @@ def _adaptive_branch(
             )
         ]
         if not has_aux or len(backend) != 1:
-            return None
+            return why
         var = backend[0].left.id  # type: ignore[attr-defined]
-        if not _is_pure(test, params | {var}):
-            return None
+        before = impl.body[:i]
+        if any(isinstance(n, ast.Return | ast.Raise) for n in ast.walk(ast.Module(before, []))):
+            return "a statement before the adaptive branch can return or raise"
+        bound = _bound(before)
+        params = set(param_names(impl))
+        allowed = {p for p in params if p not in bound}
+        unpack = any(
+            isinstance(s, ast.Assign) and ast.unparse(s) == "M, topk = topk_ids.shape"
+            for s in before
+        )
+        if unpack and bound.count("M") == bound.count("topk") == 1:
+            allowed |= {"M", "topk"}
+        if var not in params and var not in _bound(impl.body):
+            allowed.add(var)
+        read = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+        if not _is_pure(test, read):
+            return "the adaptive branch's test is not pure (a call or an attribute)"
+        if read - allowed:
+            names = ", ".join(sorted(read - allowed))
+            return f"the adaptive branch reads {names}, bound in {SORT_IMPL} before it or locally"
         excluded = tuple(
             str(c.value).lower()  # type: ignore[attr-defined]
             for c in backend[0].comparators[0].elts  # type: ignore[attr-defined]
         )
         return var, excluded, ret, ast.unparse(test)
-    return None
+    return why
 
 
 def _adaptive_call_shape(call: ast.Call) -> tuple[bool, bool, str]:
@@ -366,11 +384,11 @@ def _adaptive_call_shape(call: ast.Call) -> tuple[bool, bool, str]:
     return True, passes, ""
 
 
-def _count_dropping_callers(tree: ast.Module) -> tuple[str, ...]:
+def _count_dropping_callers(tree: ast.Module) -> list[ast.FunctionDef]:
     """Top-level functions that have a ``num_local_tokens`` parameter but call
     ``moe_sorting(..., output_aux=True)`` without passing it (aiter main's
     ``_fused_moe_impl``)."""
-    out: list[str] = []
+    out: list[ast.FunctionDef] = []
     for node in tree.body:
         if not isinstance(node, ast.FunctionDef) or COUNT not in param_names(node):
             continue
@@ -384,9 +402,9 @@ def _count_dropping_callers(tree: ast.Module) -> tuple[str, ...]:
                 for kw in sub.keywords
             )
             if aux and not _passes(sub, COUNT, _MOE_SORTING_COUNT_INDEX):
-                out.append(node.name)
+                out.append(node)
                 break
-    return tuple(out)
+    return out
 
 
 def _rejects_count(func: ast.FunctionDef) -> tuple[bool, str]:
