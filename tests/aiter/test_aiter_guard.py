@@ -170,11 +170,11 @@ def test_without_fused_moe_impl_fused_moe_is_guarded(load_aiter, monkeypatch) ->
 @pytest.mark.parametrize(
     ("change", "kind"),
     [
-        ({"ids": lambda i: i.float()}, "float32, not int32/int64"),
-        ({"ids": lambda i: i.to(torch.int16)}, "int16, not int32/int64"),
+        ({"ids": lambda i: i.float()}, "topk_ids is float32 (16, 4) on cpu, not int32"),
+        ({"ids": lambda i: i.to(torch.int16)}, "topk_ids is int16"),
         ({"ids": lambda i: i.reshape(-1)}, "not [rows, topk]"),
-        ({"weights": lambda w: w[:, :2]}, "topk_weight has shape (16, 2)"),
-        ({"mask": lambda _: torch.ones(E + 1, device="meta")}, "expert_mask is not a tensor on"),
+        ({"weights": lambda w: w[:, :2]}, "topk_weight is float32 (16, 2) on cpu"),
+        ({"mask": lambda _: torch.ones(E + 1, device="meta")}, "expert_mask is float32 (9,) on"),
     ],
 )  # fmt: skip
 def test_bad_input_goes_to_aiter_untouched_and_is_logged_once(

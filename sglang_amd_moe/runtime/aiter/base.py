@@ -1,8 +1,6 @@
-"""What the two aiter targets (the sort hook, the guard) share: both patch
-``aiter.fused_moe`` at once if it is imported, else right after it executes (state
-``pending`` until then; the hooks never import aiter themselves), rebind ``from
-aiter.fused_moe import X`` copies, and fall back to :func:`plain_guard` when a kernel
-of this package fails for a call."""
+"""What the aiter targets (the sort hook, the guard) share: ``aiter.fused_moe`` patched at
+once if imported, else right after it executes (``pending`` until then; aiter is never
+imported here), copies rebound, and :func:`plain_guard` for a call our kernel fails."""
 
 from __future__ import annotations
 
@@ -63,11 +61,10 @@ def our_kernels(needed: tuple[str, ...]) -> tuple[Any | None, str]:
 
 
 def plain_guard(ids: torch.Tensor, weights: torch.Tensor, num_experts: int, count: Any):
-    """New ``(ids, weights)`` with expert 0 and weight 0 wherever the id is outside
-    ``[0, num_experts)`` or the row is at or past ``count[0]`` (when given): plain torch on
-    the call's device, no host synchronisation, so it can be captured in a CUDA graph. What
-    the hooks run when this package's kernel fails for a call, so that a failure of ours
-    never hands aiter the ids the plugin is installed to stop. Any integer count dtype."""
+    """New ``(ids, weights)``: expert 0 and weight 0 where the id is outside ``[0,
+    num_experts)`` or the row is at or past ``count[0]``. Plain torch on the call's device,
+    no host sync (capturable), any integer count: when our kernel fails for a call, this
+    keeps the failure from handing aiter what the plugin is installed to stop."""
     valid = (ids >= 0) & (ids < num_experts)
     if count is not None:
         n = count.reshape(-1)[:1].to(device=ids.device, dtype=torch.int64)
@@ -76,8 +73,8 @@ def plain_guard(ids: torch.Tensor, weights: torch.Tensor, num_experts: int, coun
 
 
 class ModuleTarget(Target):
-    """A target on ``aiter.fused_moe``; a subclass writes ``_on_loaded(module)`` and may
-    write ``_off()`` (why it is switched off, "" when it is not)."""
+    """A target on ``aiter.fused_moe``: a subclass writes ``_on_loaded(module)`` and may
+    write ``_off()`` (why it is off; "" when it is not)."""
 
     upstream = "aiter"
     label = ""  # "aiter hook", "guard": the subject of its log lines
@@ -89,9 +86,6 @@ class ModuleTarget(Target):
     def _off(self) -> str:
         return ""
 
-    def _on_loaded(self, module: types.ModuleType) -> HookStatus:
-        raise NotImplementedError
-
     def _install(self, gate: Gate) -> HookStatus:
         off = self._off()
         if off:
@@ -100,15 +94,14 @@ class ModuleTarget(Target):
         if module is None:
             try:
                 spec = importlib.util.find_spec("aiter")
+                # A bare directory named aiter on sys.path is a namespace package (no
+                # origin); the real aiter is a regular package, which would win over it.
+                real = spec and spec.origin not in (None, "namespace")
+                why = "" if real else "aiter is not installed"
             except Exception as exc:  # a broken sys.path entry or a half-imported aiter
-                text = (
-                    f"cannot look up aiter ({type(exc).__name__}: {exc}); {self.label} not needed"
-                )
-                return self.record(self.make_status("not-needed", None, text), level=logging.DEBUG)
-            # A bare directory named aiter on sys.path is a namespace package (no origin);
-            # the real aiter is a regular package, which would win over it.
-            if spec is None or spec.origin in (None, "namespace"):
-                text = f"aiter is not installed; {self.label} not needed"
+                why = f"cannot look up aiter ({type(exc).__name__}: {exc})"
+            if why:
+                text = f"{why}; {self.label} not needed"
                 return self.record(self.make_status("not-needed", None, text), level=logging.DEBUG)
         when_imported(TARGET, self._on_import)
         if module is None:

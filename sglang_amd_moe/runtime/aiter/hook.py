@@ -1,17 +1,12 @@
 """The aiter sort hook: aiter's MXFP4 (a4w4) aux sort honours ``num_local_tokens`` (the
-real row count of a padded CUDA-graph batch, a device tensor) where aiter drops or rejects it.
-
-Per form of ``aiter/fused_moe.py`` (``forms`` reads it; never a version string):
-``count-dropped``: ``_moe_sorting_impl`` is wrapped; an adaptive-branch call (upstream's
-own condition, evaluated) without an expert mask that carries a count, or whose aiter
-caller dropped it (read from the caller's frame), goes to
-:func:`sglang_amd_moe.kernels.adaptive_moe_sort`; every other call goes to aiter
-unchanged. ``count-rejected``: ``_mxfp4_inline_sort_unsupported`` stops rejecting a call
-only for its count, and the sort such calls reach honours it (the same wrapper, and a
-count-taking ``aiter.mxfp4_moe_sort`` where aiter's takes none). ``count-honored``,
-``absent``: nothing; ``unknown``: nothing, and one WARNING. When this package's sort fails
-for a call, :func:`~sglang_amd_moe.runtime.aiter.base.plain_guard` turns the padded rows
-into expert 0 with weight 0 and aiter's own sort runs on that.
+real row count of a padded CUDA-graph batch) where aiter drops or rejects it. Per form
+(``forms``): ``count-dropped``: ``_moe_sorting_impl`` is wrapped, and an adaptive-branch
+call (upstream's own condition, evaluated) without an expert mask, with a count of its own
+or one its aiter caller dropped (read from that caller's frame), goes to
+:func:`sglang_amd_moe.kernels.adaptive_moe_sort`; every other call to aiter, unchanged.
+``count-rejected``: besides, ``_mxfp4_inline_sort_unsupported`` stops rejecting a call
+for its count alone, and ``aiter.mxfp4_moe_sort`` takes one where it does not. Others:
+nothing. When our sort fails for a call, aiter's runs on ``plain_guard``'s routing.
 """
 
 from __future__ import annotations
@@ -41,23 +36,18 @@ _DEPTH = 8
 
 @dataclass(frozen=True)
 class Runtime:
-    """What the running ``aiter.fused_moe`` (and this package) offer, read without calling.
+    """What the running ``aiter.fused_moe`` (and this package) offer, read without calling
+    (parameters: None where the attribute is missing or has no signature)."""
 
-    Parameter tuples are None when the attribute is missing, not callable or has no
-    signature.
-    """
-
-    impl_params: tuple[str, ...] | None = None
+    impl_params: tuple[str, ...] | None = None  # _moe_sorting_impl
     impl_marked: bool = False
     backend_present: bool = False
-    unsupported_params: tuple[str, ...] | None = None
+    unsupported_params: tuple[str, ...] | None = None  # _mxfp4_inline_sort_unsupported
     unsupported_marked: bool = False
-    #: ``aiter.mxfp4_moe_sort``: present, its parameters (None: no signature), marked.
-    aux_present: bool = False
+    aux_present: bool = False  # aiter.mxfp4_moe_sort
     aux_params: tuple[str, ...] | None = None
     aux_marked: bool = False
-    #: Why ``sglang_amd_moe.kernels`` cannot serve the hook ("" when it can, or unchecked).
-    kernels_error: str = ""
+    kernels_error: str = ""  # why sglang_amd_moe.kernels cannot serve the hook
 
 
 @dataclass(frozen=True)
@@ -65,12 +55,9 @@ class Plan:
     """What to wrap for a fixable form."""
 
     form: str
-    #: Wrap ``_moe_sorting_impl`` (route counted adaptive calls to our sort).
-    wrap_impl: bool
-    #: Wrap ``_mxfp4_inline_sort_unsupported`` (stop rejecting for the count alone).
-    unreject: bool
-    #: Wrap ``aiter.mxfp4_moe_sort`` so it accepts ``num_local_tokens``.
-    accept_count: bool
+    wrap_impl: bool  # _moe_sorting_impl: counted adaptive calls to our sort
+    unreject: bool  # _mxfp4_inline_sort_unsupported: no rejection for the count alone
+    accept_count: bool  # aiter.mxfp4_moe_sort: takes num_local_tokens
 
     def targets(self) -> tuple[str, ...]:
         names = [forms.SORT_IMPL] if self.wrap_impl else []
@@ -92,35 +79,30 @@ def decide(report: forms.FormReport, rt: Runtime) -> Plan | Refusal:
         return Refusal("refused", "already wrapped by another copy of sglang-amd-moe; left as is")
     if rt.kernels_error:
         return Refusal("error", rt.kernels_error)
-    impl = forms.SORT_IMPL
+    impl = f"{TARGET}.{forms.SORT_IMPL}"
     if rt.impl_params is None:
-        return Refusal("refused", f"{TARGET}.{impl} is missing or has no signature at run time")
-    wrap_impl = not (report.impl_passes_count and report.adaptive_passes_count) or bool(
-        report.count_dropping_callers
-    )
-    if wrap_impl:
-        missing = [p for p in forms.IMPL_PARAMS_READ if p not in rt.impl_params]
-        if missing:
-            return Refusal("refused", f"{TARGET}.{impl} differs at run time (no {missing})")
-        if not report.branch_test or not report.backend_var:
-            return Refusal("refused", f"{TARGET}.{impl} has no adaptive branch to evaluate")
-        if not rt.backend_present:
-            return Refusal("refused", f"{TARGET}.{report.backend_var} is missing at run time")
+        return Refusal("refused", f"{impl} is missing or has no signature at run time")
+    threaded = report.impl_passes_count and report.adaptive_passes_count
+    wrap_impl = not threaded or bool(report.count_dropping_callers)
+    missing = [p for p in forms.IMPL_PARAMS_READ if p not in rt.impl_params]
+    if wrap_impl and missing:
+        return Refusal("refused", f"{impl} differs at run time (no {missing})")
+    if wrap_impl and not (report.branch_test and report.backend_var):
+        return Refusal("refused", f"{impl} has no adaptive branch to evaluate")
+    if wrap_impl and not rt.backend_present:
+        return Refusal("refused", f"{TARGET}.{report.backend_var} is missing at run time")
     unreject = form == "count-rejected"
-    accept_count = False
-    if unreject:
-        if rt.unsupported_params is None or _COUNT not in rt.unsupported_params:
-            unsupported = forms.INLINE_UNSUPPORTED
-            return Refusal("refused", f"{TARGET}.{unsupported} cannot be wrapped at run time")
-        accept_count = rt.aux_present and not rt.aux_marked and _COUNT not in (rt.aux_params or ())
+    if unreject and _COUNT not in (rt.unsupported_params or ()):
+        why = f"{TARGET}.{forms.INLINE_UNSUPPORTED} cannot be wrapped at run time"
+        return Refusal("refused", why)
+    takes = _COUNT in (rt.aux_params or ())
+    accept_count = unreject and rt.aux_present and not rt.aux_marked and not takes
     return Plan(form, wrap_impl=wrap_impl, unreject=unreject, accept_count=accept_count)
 
 
 def _params(fn: Any) -> tuple[str, ...] | None:
-    if not callable(fn):
-        return None
     try:
-        return tuple(inspect.signature(fn).parameters)
+        return tuple(inspect.signature(fn).parameters) if callable(fn) else None
     except (TypeError, ValueError):
         return None
 
@@ -138,17 +120,10 @@ def _runtime(module: types.ModuleType, report: forms.FormReport) -> tuple[Runtim
     pkg = sys.modules.get("aiter")
     aux = getattr(pkg, forms.AUX_KERNEL, None) if pkg is not None else None
     ours, error = _kernels()
-    rt = Runtime(
-        impl_params=_params(impl),
-        impl_marked=find_marked(impl) is not None,
-        backend_present=bool(report.backend_var) and hasattr(module, report.backend_var),
-        unsupported_params=_params(unsupported),
-        unsupported_marked=find_marked(unsupported) is not None,
-        aux_present=aux is not None,
-        aux_params=_params(aux),
-        aux_marked=find_marked(aux) is not None,
-        kernels_error=error,
-    )
+    backend = bool(report.backend_var) and hasattr(module, report.backend_var)
+    rt = Runtime(_params(impl), find_marked(impl) is not None, backend, _params(unsupported),
+                 find_marked(unsupported) is not None, aux is not None, _params(aux),
+                 find_marked(aux) is not None, error)  # fmt: skip
     return rt, ours
 
 
@@ -209,14 +184,7 @@ class AiterHook(ModuleTarget):
 
 
 def _read_source(module: types.ModuleType) -> tuple[str | None, str]:
-    spec = getattr(module, "__spec__", None)
-    origin = getattr(spec, "origin", None) or getattr(module, "__file__", None) or ""
-    if origin.endswith(".py"):
-        try:
-            with open(origin, encoding="utf-8") as fh:
-                return fh.read(), origin
-        except OSError:
-            pass
+    origin = getattr(module.__spec__, "origin", None) or getattr(module, "__file__", "") or ""
     try:
         return inspect.getsource(module), origin
     except (OSError, TypeError):
@@ -227,10 +195,9 @@ def _read_source(module: types.ModuleType) -> tuple[str | None, str]:
 
 
 def _fell_back(hook: ModuleTarget, where: str, exc: Exception) -> None:
-    text = f"this package's sort failed in {where} ({type(exc).__name__}: {exc}); aiter's "
-    hook.once(
-        f"{where} {type(exc).__name__}", text + "sort ran on padded rows zeroed", exc_info=True
-    )
+    why = f"{type(exc).__name__}: {exc}"
+    text = f"this package's sort failed in {where} ({why}); aiter's ran, padded rows zeroed"
+    hook.once(f"{where} {type(exc).__name__}", text, exc_info=True)
 
 
 def _count_from_caller(topk_ids: Any, callers: frozenset[str], origin: str, hook) -> Any:
