@@ -9,7 +9,9 @@ weight dtype, any id) can be checked without running a sort.
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
 import sys
 
 import pytest
@@ -241,3 +243,66 @@ def test_the_guard_and_the_sort_hook_together(load_aiter) -> None:
     clean_w = torch.where((ids >= 0) & (ids < E), weights, 0)
     assert_sort_of_leading_rows(as_dict(fm.standin_sorts[-1]), clean, clean_w, 10, E, 16, DIM)
     assert sys.modules["aiter.ops.moe_mxfp4_aux"].standin_calls == []
+
+
+# --- the audit says whether the guard is live ------------------------------------------
+
+AUDIT = """
+import json, sys
+if sys.argv[1] == "imported":
+    import aiter.fused_moe  # as a server process does once its first MoE layer is built
+from sglang_amd_moe.diagnostics import audit
+for args in sys.argv[2:]:
+    audit.main(args.split())
+"""
+
+
+def _audit(tmp_path, *runs: str, imported: bool = False, **env_vars: str) -> list:
+    """``audit`` runs in one child with the stand-in laid out as real aiter lays it out
+    (``aiter/fused_moe.py`` beside ``aiter/__init__.py``); their outputs, JSON parsed."""
+    from aiter_testlib import STANDIN, subprocess_env
+
+    pkg = tmp_path / "site" / "aiter"
+    if not pkg.exists():
+        pkg.mkdir(parents=True)
+        for entry in (STANDIN / "aiter").iterdir():
+            (pkg / entry.name).symlink_to(entry)
+        (pkg / "fused_moe.py").symlink_to(STANDIN / "aiter/_shapes/count_dropped/fused_moe.py")
+    env = {**subprocess_env("count-dropped"), "PYTHONPATH": str(pkg.parent), **env_vars}
+    env["SGLANG_PLUGINS"] = "sglang_amd_moe"
+    sep = "\n=====\n"
+    code = AUDIT.replace("audit.main(args.split())", f"audit.main(args.split()); print({sep!r})")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "imported" if imported else "-", *runs],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    outs = proc.stdout.split(sep)[: len(runs)]
+    assert len(outs) == len(runs), proc.stdout[-2000:] + proc.stderr[-3000:]
+    return [json.loads(o) if "--json" in r else o for r, o in zip(runs, outs, strict=True)]
+
+
+def _aiter_target(doc: dict) -> dict:
+    return next(t for t in doc["targets"] if t["target"] == "aiter")
+
+
+def test_the_plain_audit_says_what_the_guard_will_do(tmp_path) -> None:
+    doc, text = _audit(tmp_path, "--json", "")
+    g = _aiter_target(doc)["guard"]
+    assert g["state"] == "on load" and g["live"] is False
+    assert "aiter.fused_moe._fused_moe_impl" in g["why"]
+    assert "guard at its MoE entry: on load (aiter.fused_moe._fused_moe_impl:" in text
+    (off,) = _audit(tmp_path, "--json", SGLANG_AMD_MOE_GUARD="0")
+    assert _aiter_target(off)["guard"]["state"] == "off"
+
+
+@pytest.mark.sglang  # --load runs the real load_plugins() of SGLang 0.5.23
+@pytest.mark.parametrize("imported", [False, True])
+def test_the_loaded_audit_says_whether_the_guard_is_live(tmp_path, imported) -> None:
+    doc, text = _audit(tmp_path, "--load --json", "--load", imported=imported)
+    g = _aiter_target(doc)["guard"]
+    if imported:  # aiter.fused_moe was there when the plugin loaded: guarded at once
+        assert (g["state"], g["live"]) == ("live", True) and "guard live at" in g["why"]
+        assert "guard at its MoE entry: live here (sglang-amd-moe: guard live at" in text
+    else:  # the guard waits for aiter.fused_moe to be imported
+        assert (g["state"], g["live"]) == ("pending", False) and "guard pending" in g["why"]
+        assert "guard at its MoE entry: pending (sglang-amd-moe: guard pending" in text

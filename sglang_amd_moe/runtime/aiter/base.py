@@ -4,11 +4,11 @@ imported here), copies rebound, and :func:`plain_guard` for a call our kernel fa
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import logging
 import sys
 import types
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,12 +29,7 @@ logger = logging.getLogger("sglang_amd_moe")
 TARGET = "aiter.fused_moe"
 
 
-@dataclass
-class Patch:
-    module: types.ModuleType
-    attr: str
-    original: Any
-    replacement: Any
+Patch = collections.namedtuple("Patch", "module attr original replacement")
 
 
 def apply(plan: list[tuple[types.ModuleType, str, Any, Any]]) -> list[Patch]:

@@ -15,8 +15,6 @@ import ast
 import hashlib
 from dataclasses import dataclass
 
-FORMS: tuple[str, ...] = ("count-dropped", "count-rejected", "count-honored", "absent", "unknown")
-
 #: Form -> the one-line action the plugin takes for it (printed by the audit too).
 ACTIONS: dict[str, str] = {
     "count-dropped": (
@@ -187,6 +185,38 @@ def analyze_source(source: str) -> FormReport:
     else:
         why = f"{SORT_IMPL} calls {ADAPTIVE} for output_aux without {COUNT}"
     return FormReport("count-dropped", why, **common)
+
+
+#: The guard wraps the first of these that ``aiter/fused_moe.py`` defines.
+GUARD_ENTRIES = ("_fused_moe_impl", "fused_moe")
+#: The leading positional parameters of an entry the guard recognises (aiter's order).
+GUARD_POSITIONAL = ("hidden_states", "w1", "w2", "topk_weight", "topk_ids", "expert_mask")
+
+
+def guard_entry_problem(positional: tuple[str, ...], names: tuple[str, ...]) -> str:
+    """Why the guard cannot wrap an entry with these (positional, all) parameters ("" when
+    it can): the hook asks about the running function, the audit about the file."""
+    if positional[: len(GUARD_POSITIONAL)] != GUARD_POSITIONAL:
+        return f"takes {positional[: len(GUARD_POSITIONAL)]} first, not {GUARD_POSITIONAL}"
+    if COUNT not in names:
+        return f"has no {COUNT} parameter"
+    shared = [n for n in names if n.startswith("shared_")]  # an id past w1's experts
+    return f"takes a fused shared expert ({', '.join(shared)})" if shared else ""
+
+
+def guard_entry(source: str) -> tuple[str, str]:
+    """(the entry the guard would wrap, why it cannot: "" when it can) in ``source``."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return GUARD_ENTRIES[-1], f"cannot be read: fused_moe.py does not parse ({exc.msg})"
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    entry = next((e for e in GUARD_ENTRIES if e in funcs), GUARD_ENTRIES[-1])
+    if entry not in funcs:
+        return entry, "is missing"
+    a = funcs[entry].args
+    positional = tuple(x.arg for x in [*a.posonlyargs, *a.args])
+    return entry, guard_entry_problem(positional, param_names(funcs[entry]))
 
 
 def call_name(call: ast.Call) -> str:

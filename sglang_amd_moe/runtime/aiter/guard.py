@@ -36,25 +36,12 @@ import torch
 
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, apply, our_kernels, plain_guard
+from sglang_amd_moe.runtime.aiter.forms import GUARD_ENTRIES, guard_entry_problem
 from sglang_amd_moe.runtime.target import HookStatus, find_marked, mark
 
 NAME = "guard"  # HookStatus.target
-ENTRIES = ("_fused_moe_impl", "fused_moe")  # the first present is wrapped
-#: The leading positional parameters of a recognised entry (aiter's order since 2025).
-POSITIONAL = ("hidden_states", "w1", "w2", "topk_weight", "topk_ids", "expert_mask")
 _READ = ("w1", "topk_weight", "topk_ids", "expert_mask", "num_local_tokens")
 _POSITIONAL_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
-def entry_problem(positional: tuple[str, ...], names: tuple[str, ...]) -> str:
-    """Why the guard cannot wrap an entry with these (positional, all) parameters ("" when
-    it can). The audit asks it about the file, the hook about the running function."""
-    if positional[: len(POSITIONAL)] != POSITIONAL:
-        return f"takes {positional[: len(POSITIONAL)]} first, not {POSITIONAL}"
-    if "num_local_tokens" not in names:
-        return "has no num_local_tokens parameter"
-    shared = [n for n in names if n.startswith("shared_")]
-    return f"takes a fused shared expert ({', '.join(shared)})" if shared else ""
 
 
 def _seen(x: Any) -> str:
@@ -93,11 +80,11 @@ class GuardHook(ModuleTarget):
         return "guard off (SGLANG_AMD_MOE_GUARD=0)" if env.guard_off() else ""
 
     def _on_loaded(self, module: types.ModuleType) -> HookStatus:
-        entry = next((e for e in ENTRIES if callable(getattr(module, e, None))), ENTRIES[-1])
+        entry = next((e for e in GUARD_ENTRIES if callable(getattr(module, e, None))), "fused_moe")
         fn, where = getattr(module, entry, None), f"{TARGET}.{entry}"
         try:
             params = inspect.signature(fn).parameters.values()
-            why = entry_problem(
+            why = guard_entry_problem(
                 tuple(p.name for p in params if p.kind in _POSITIONAL_KINDS),
                 tuple(p.name for p in params),
             )
