@@ -228,6 +228,20 @@ def test_a_failing_kernel_hands_aiter_the_plain_torch_guard(
     assert ("RuntimeError" if count_dtype == torch.int32 else "TypeError") in lines[0]
 
 
+def test_torch_compile_sees_the_guard(guarded) -> None:
+    """Dynamo traces the stand-in's Python (it registers no custom op) and the guard's
+    wrapper: the compiled call hands aiter's sort the guarded routing too."""
+    fm, spy = guarded
+    ids, weights = garbage_routing(torch.int32, torch.float32)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(lambda i, w: call(fm, i, w), backend="aot_eager")
+        compiled(ids, weights)
+    finally:
+        torch._dynamo.reset()
+    assert_guarded(spy.calls[-1]["ids"], spy.calls[-1]["weights"], ids, weights, E)
+
+
 def test_the_guard_and_the_sort_hook_together(load_aiter) -> None:
     """The guard before the sort hook: the sort of the leading rows sees no garbage, and
     the count the sort hook reads from _fused_moe_impl's frame is still found."""
