@@ -11,14 +11,11 @@ aiter's sort with every expert id in range.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from aiter_testlib import subprocess_env
+from aiter_testlib import run_result, subprocess_env
 
 ATOM = Path(__file__).resolve().parents[1] / "atom_standin"
 CHILD = textwrap.dedent(
@@ -71,17 +68,7 @@ def test_beside_atom_in_either_load_order(tmp_path, order) -> None:
     env = subprocess_env("count-dropped")
     env["PYTHONPATH"] += f":{ATOM}"
     env["SGLANG_PLUGINS"] = "sglang_amd_moe,atom_sglang"
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, order, str(site)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    r = json.loads(lines[-1][len("RESULT ") :])
+    r = run_result(["-c", CHILD, order, str(site)], env, tmp_path)
     first = "atom_sglang" if order == "atom-first" else "sglang_amd_moe"
     assert r["order"][0] == first and set(r["order"]) >= {"atom_sglang", "sglang_amd_moe"}
     assert r["guard"] == ["live", True]

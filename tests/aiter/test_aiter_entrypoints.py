@@ -9,14 +9,11 @@ directory and only the stand-in (or nothing) on ``PYTHONPATH``.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from importlib.metadata import entry_points
 
 import pytest
-from aiter_testlib import STANDIN, subprocess_env
+from aiter_testlib import STANDIN, run_result, subprocess_env
 
 CHILD = textwrap.dedent(
     """
@@ -82,17 +79,7 @@ CHILD = textwrap.dedent(
 def run_child(tmp_path, order: str, entry: str, shape: str | None, extra_env=None) -> dict:
     env = subprocess_env(shape)
     env.update(extra_env or {})
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, order, entry],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return run_result(["-c", CHILD, order, entry], env, tmp_path)
 
 
 def hook_records(result: dict, guard: bool = False) -> list[dict]:

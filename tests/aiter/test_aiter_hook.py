@@ -18,6 +18,7 @@ import torch
 from aiter_testlib import (
     as_dict,
     assert_sort_of_leading_rows,
+    aux_sort,
     padded_routing,
     reference_sort,
 )
@@ -40,6 +41,14 @@ def aux_calls() -> list[dict]:
 
 def ck_opus_calls() -> list[tuple[str, bool]]:
     return sys.modules["aiter.ops.moe_sorting"].standin_calls
+
+
+def fused(fm, ids, w, n=None) -> None:
+    """aiter's fused_moe on the count-dropped test shape (E experts, model_dim DIM)."""
+    hidden = torch.zeros(ids.shape[0], DIM, dtype=torch.bfloat16)
+    w1 = torch.empty(1, 1, 1).expand(E, 2 * 128, DIM)
+    w2 = torch.empty(1, 1, 1).expand(E, DIM, 128)
+    fm.fused_moe(hidden, w1, w2, w, ids, num_local_tokens=None if n is None else count(n))
 
 
 def sort_impl(fm, ids, w, *, n=None, BM=16, aux=True, accumulate=True, E=E, dim=DIM):
@@ -129,15 +138,12 @@ def test_fused_moe_drops_the_count_and_the_hook_recovers_it(load_aiter) -> None:
     fm = load_aiter("count-dropped", hook_first=None)
     fm.standin_metadata = fm.standin_inline_sort_metadata(block_m=16, atomic=True)
     ids, w = padded_routing(M, K, E, seed=7)
-    hidden = torch.zeros(M, DIM, dtype=torch.bfloat16)
-    w1 = torch.empty(1, 1, 1).expand(E, 2 * 128, DIM)
-    w2 = torch.empty(1, 1, 1).expand(E, DIM, 128)
-    fm.fused_moe(hidden, w1, w2, w, ids, num_local_tokens=count(20))
+    fused(fm, ids, w, 20)
     assert int(fm.standin_sorts[-1][3][1]) == M  # upstream: count dropped in _fused_moe_impl
     assert aiter_hook.install().state == "live"
-    fm.fused_moe(hidden, w1, w2, w, ids, num_local_tokens=count(20))
+    fused(fm, ids, w, 20)
     assert_sort_of_leading_rows(as_dict(fm.standin_sorts[-1]), ids, w, 20, E, 16, DIM)
-    fm.fused_moe(hidden, w1, w2, w, ids)  # no count: aiter's sort of all rows
+    fused(fm, ids, w)  # no count: aiter's sort of all rows
     assert int(fm.standin_sorts[-1][3][1]) == M
 
 
@@ -273,17 +279,7 @@ def test_mxfp4_moe_sort_takes_a_count_where_aiter_has_none(load_aiter) -> None:
     for n in (None, 9):
         out = fm._adaptive_moe_sort(ids, w, E, K, 16, DIM, atomic=True, emit_aux=True)
         assert int(out[3][1]) == M  # _adaptive_moe_sort itself never passes a count
-        ref = reference_sort(ids, w, E, 16, DIM, n)
-        buffers = {k: torch.empty_like(v) for k, v in ref.items()}
-        aiter.mxfp4_moe_sort(
-            topk_ids=ids, topk_weight=w, sorted_token_ids=buffers["sorted_token_ids"],
-            sorted_expert_ids=buffers["sorted_expert_ids"], cumsum_tensor=buffers["num_valid_ids"],
-            reverse_sorted=buffers["reverse_sorted"], sorted_weights=buffers["sorted_weights"],
-            m_indices=buffers["m_indices"], bf16_zero_out=buffers["moe_buf"],
-            bf16_zero_workspace=torch.empty(0, dtype=torch.bfloat16), M_logical=M, NE=E, TOPK=K,
-            D_HIDDEN=DIM, D_INTER=1, MB=16, prologue=0,
-            num_local_tokens=None if n is None else count(n),
-        )  # fmt: skip
+        buffers = aux_sort(aiter, ids, w, E, 16, DIM, n)
         assert_sort_of_leading_rows(buffers, ids, w, M if n is None else n, E, 16, DIM)
     # With None: aiter's own kernel (twice through _adaptive_moe_sort, once directly).
     assert [c["M_logical"] for c in aux_calls()] == [M, M, M]
@@ -393,10 +389,7 @@ def test_a_caller_that_rebinds_its_count_is_not_read(load_aiter, tmp_path, monke
     assert str(tmp_path) in fm.__file__ and aiter_hook.install().state == "live"
     fm.standin_metadata = fm.standin_inline_sort_metadata(block_m=16, atomic=True)
     ids, w = padded_routing(M, K, E, seed=21)
-    hidden = torch.zeros(M, DIM, dtype=torch.bfloat16)
-    w1 = torch.empty(1, 1, 1).expand(E, 2 * 128, DIM)
-    w2 = torch.empty(1, 1, 1).expand(E, DIM, 128)
-    fm.fused_moe(hidden, w1, w2, w, ids, num_local_tokens=count(5))
+    fused(fm, ids, w, 5)
     # Not 25 rows (5 * topk): aiter's own sort, over every row.
     assert int(fm.standin_sorts[-1][3][1]) == M
     assert [c["M_logical"] for c in aux_calls()] == [M]
@@ -457,14 +450,5 @@ def test_when_our_aux_kernel_fails_aiter_gets_the_padded_rows_zeroed(load_aiter,
     assert aiter_hook.install().state == "live"
     aiter = sys.modules["aiter"]
     ids, w = padded_routing(M, K, E, seed=27)
-    ref = reference_sort(ids, w, E, 16, DIM, 9)
-    b = {k: torch.empty_like(v) for k, v in ref.items()}
-    aiter.mxfp4_moe_sort(
-        topk_ids=ids, topk_weight=w, sorted_token_ids=b["sorted_token_ids"],
-        sorted_expert_ids=b["sorted_expert_ids"], cumsum_tensor=b["num_valid_ids"],
-        reverse_sorted=b["reverse_sorted"], sorted_weights=b["sorted_weights"],
-        m_indices=b["m_indices"], bf16_zero_out=b["moe_buf"],
-        bf16_zero_workspace=torch.empty(0, dtype=torch.bfloat16), M_logical=M, NE=E, TOPK=K,
-        D_HIDDEN=DIM, D_INTER=1, MB=16, prologue=0, num_local_tokens=count(9),
-    )  # fmt: skip
+    aux_sort(aiter, ids, w, E, 16, DIM, 9)
     assert [c["out_of_range"] for c in aux_calls()] == [[]]
