@@ -34,6 +34,20 @@ def subprocess_env(shape: str | None = None) -> dict[str, str]:
     return env
 
 
+def edited_standin(tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of the stand-in whose count-dropped ``fused_moe.py`` has ``old`` (found
+    once) replaced by ``new``; put the returned root on ``sys.path``."""
+    import shutil
+
+    root = tmp_path / "standin"
+    shutil.copytree(STANDIN, root)
+    target = root / "aiter" / "_shapes" / "count_dropped" / "fused_moe.py"
+    text = target.read_text()
+    assert text.count(old) == 1
+    target.write_text(text.replace(old, new))
+    return root
+
+
 def run_result(args: list[str], env: dict[str, str], cwd: Path) -> dict:
     """Run a child Python (``args`` after the interpreter) and return the JSON of its last
     ``RESULT `` line; fail with its output when it has none or exits non-zero."""

@@ -159,6 +159,24 @@ def test_an_entry_it_does_not_recognise_is_refused(load_aiter, caplog, params, w
     assert st.message in caplog.text and fm._fused_moe_impl is odd and not guard.is_live()
 
 
+def test_the_guard_does_not_depend_on_the_sort_form(load_aiter, tmp_path, monkeypatch) -> None:
+    """A sort path the sort hook does not recognise (refused) is still guarded."""
+    from aiter_testlib import edited_standin
+
+    from sglang_amd_moe.runtime.aiter import hook as aiter_hook
+
+    load_aiter  # noqa: B018  (cleanup only)
+    old = "def _adaptive_moe_sort("
+    monkeypatch.syspath_prepend(str(edited_standin(tmp_path, old, "def _adaptive_sort_v2(")))
+    monkeypatch.setenv("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", "count-dropped")
+    assert (aiter_hook.install().state, guard.install().state) == ("pending", "pending")
+    import aiter.fused_moe as fm
+
+    assert str(tmp_path) in fm.__file__
+    assert (aiter_hook.status().state, aiter_hook.status().form) == ("refused", "unknown")
+    assert guard.status().state == "live" and guard.is_live()
+
+
 def test_without_fused_moe_impl_fused_moe_is_guarded(load_aiter, monkeypatch) -> None:
     fm = load_aiter("count-dropped", hook_first=None)
     monkeypatch.delattr(fm, "_fused_moe_impl")

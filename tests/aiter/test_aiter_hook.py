@@ -19,6 +19,7 @@ from aiter_testlib import (
     as_dict,
     assert_sort_of_leading_rows,
     aux_sort,
+    edited_standin,
     padded_routing,
     reference_sort,
 )
@@ -288,20 +289,6 @@ def test_mxfp4_moe_sort_takes_a_count_where_aiter_has_none(load_aiter) -> None:
 # --- forms the hook leaves alone -------------------------------------------------------
 
 
-def _edited_standin(tmp_path, old: str, new: str):
-    import shutil
-
-    from aiter_testlib import STANDIN
-
-    root = tmp_path / "standin"
-    shutil.copytree(STANDIN, root)
-    target = root / "aiter" / "_shapes" / "count_dropped" / "fused_moe.py"
-    text = target.read_text()
-    assert text.count(old) == 1
-    target.write_text(text.replace(old, new))
-    return root
-
-
 @pytest.mark.parametrize(
     ("old", "new", "form"),
     [
@@ -316,7 +303,7 @@ def test_unknown_trees_are_left_alone_with_one_warning(
     load_aiter, tmp_path, monkeypatch, caplog, old, new, form
 ) -> None:
     load_aiter  # noqa: B018  (cleanup only)
-    monkeypatch.syspath_prepend(str(_edited_standin(tmp_path, old, new)))
+    monkeypatch.syspath_prepend(str(edited_standin(tmp_path, old, new)))
     monkeypatch.setenv("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", "count-dropped")
     caplog.set_level(logging.DEBUG, logger="sglang_amd_moe")
     assert aiter_hook.install().state == "pending"
@@ -376,7 +363,7 @@ def test_a_call_with_an_expert_mask_stays_with_aiter(load_aiter) -> None:
 def test_a_caller_that_rebinds_its_count_is_not_read(load_aiter, tmp_path, monkeypatch) -> None:
     """A count rebound before the sort (here a per-pair count) is not the row count."""
     load_aiter  # noqa: B018  (cleanup only)
-    root = _edited_standin(
+    root = edited_standin(
         tmp_path,
         "    M, topk = topk_ids.shape\n    E, model_dim",
         "    M, topk = topk_ids.shape\n    if num_local_tokens is not None:\n"
