@@ -49,6 +49,11 @@ def forced() -> bool:
     return flag("FORCE")
 
 
+def guard_off() -> bool:
+    """``SGLANG_AMD_MOE_GUARD=0`` (0/false/no/off): the guard at aiter's MoE entry stays off."""
+    return os.environ.get(PREFIX + "GUARD", "").strip().lower() in {"0", "false", "no", "off"}
+
+
 def verify() -> bool:
     """``SGLANG_AMD_MOE_VERIFY=1``: check padded rows after every hooked call (a host sync)."""
     return flag("VERIFY")

@@ -78,18 +78,18 @@ def _make_log_visible() -> None:
 
 
 def register() -> None:
-    """SGLang entry point (``sglang.srt.plugins``): the SGLang hook, then the aiter one."""
+    """SGLang entry point (``sglang.srt.plugins``): the SGLang hook, then the aiter ones."""
     _run(_targets(sglang=True))
 
 
 def register_vllm() -> None:
-    """vLLM entry point (``vllm.general_plugins``): the aiter part only (ATOM under vLLM)."""
+    """vLLM entry point (``vllm.general_plugins``): the aiter sort hook and the guard."""
     _run(_targets(sglang=False))
 
 
 def _targets(*, sglang: bool) -> list[tuple[str, str, Callable[[], Any]]]:
     """(what, whose code, how to get the target) of each hook, in install order."""
-    out = [("the aiter hook", "aiter", _aiter)]
+    out = [("the aiter hook", "aiter", _aiter), ("the guard", "aiter", _guard)]
     return [("the SGLang hook", "SGLang", _sglang), *out] if sglang else out
 
 
@@ -101,6 +101,12 @@ def _sglang() -> Any:
 
 def _aiter() -> Any:
     from sglang_amd_moe.runtime.aiter.hook import HOOK
+
+    return HOOK
+
+
+def _guard() -> Any:
+    from sglang_amd_moe.runtime.aiter.guard import HOOK
 
     return HOOK
 

@@ -4,7 +4,9 @@ here is ever importable as the package ``aiter``)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +32,50 @@ def subprocess_env(shape: str | None = None) -> dict[str, str]:
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
     return env
+
+
+def edited_standin(tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of the stand-in whose count-dropped ``fused_moe.py`` has ``old`` (found
+    once) replaced by ``new``; put the returned root on ``sys.path``."""
+    import shutil
+
+    root = tmp_path / "standin"
+    shutil.copytree(STANDIN, root)
+    target = root / "aiter" / "_shapes" / "count_dropped" / "fused_moe.py"
+    text = target.read_text()
+    assert text.count(old) == 1
+    target.write_text(text.replace(old, new))
+    return root
+
+
+def run_result(args: list[str], env: dict[str, str], cwd: Path) -> dict:
+    """Run a child Python (``args`` after the interpreter) and return the JSON of its last
+    ``RESULT `` line; fail with its output when it has none or exits non-zero."""
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def aux_sort(aiter, ids, weights, E: int, BM: int, dim: int, n: int | None) -> dict:
+    """Call ``aiter.mxfp4_moe_sort`` by keyword (with ``num_local_tokens`` when ``n`` is
+    given) into fresh buffers shaped as the reference's; return the buffers."""
+    import torch
+
+    M, K = ids.shape
+    b = {k: torch.empty_like(v) for k, v in reference_sort(ids, weights, E, BM, dim, n).items()}
+    extra = {} if n is None else {"num_local_tokens": torch.tensor([n], dtype=torch.int32)}
+    aiter.mxfp4_moe_sort(
+        topk_ids=ids, topk_weight=weights, sorted_token_ids=b["sorted_token_ids"],
+        sorted_expert_ids=b["sorted_expert_ids"], cumsum_tensor=b["num_valid_ids"],
+        reverse_sorted=b["reverse_sorted"], sorted_weights=b["sorted_weights"],
+        m_indices=b["m_indices"], bf16_zero_out=b["moe_buf"],
+        bf16_zero_workspace=torch.empty(0, dtype=torch.bfloat16), M_logical=M, NE=E, TOPK=K,
+        D_HIDDEN=dim, D_INTER=1, MB=BM, prologue=0 if BM == 16 else 1, **extra,
+    )  # fmt: skip
+    return b
 
 
 # --- routing data and the expected sort ------------------------------------------------

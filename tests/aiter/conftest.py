@@ -4,7 +4,7 @@ The stand-in (``tests/aiter_standin``) is put on ``sys.path`` only here and in t
 subprocesses these tests start; it is never installed. Switching shapes in one process
 means forgetting every ``aiter`` module (the stand-in reads
 ``SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE`` at import) and undoing the hook
-(:func:`sglang_amd_moe.runtime.aiter_hook.uninstall`).
+(:func:`sglang_amd_moe.runtime.aiter.hook.uninstall`, and the guard's).
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ def load_aiter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Module
     the module as it loads), else after it (patched in place); ``None``: no hook. This
     machine is not ROCm, so ``SGLANG_AMD_MOE_FORCE=1`` opens the hooks' gate.
     """
+    from sglang_amd_moe.runtime.aiter import guard
     from sglang_amd_moe.runtime.aiter import hook as aiter_hook
 
     aiter_hook.uninstall()
+    guard.uninstall()
     forget_aiter()
     monkeypatch.syspath_prepend(str(STANDIN))
     monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")
@@ -48,8 +50,10 @@ def load_aiter(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Module
         fm.standin_sorts.clear()
         sys.modules["aiter.ops.moe_mxfp4_aux"].standin_calls.clear()
         sys.modules["aiter.ops.moe_sorting"].standin_calls.clear()
+        sys.modules["aiter.ops.moe_sorting"].standin_inputs.clear()
         return fm
 
     yield load
     aiter_hook.uninstall()
+    guard.uninstall()
     forget_aiter()

@@ -1,4 +1,4 @@
-"""Entry points and import orders, each in a fresh interpreter.
+"""Entry points and import orders, each in a fresh interpreter (the sort hook and the guard).
 
 SGLang imports aiter lazily (``SGLANG_USE_AITER=1``), ATOM under vLLM imports it when
 its MoE layers are built: the hook must end up in place whether aiter was imported
@@ -9,14 +9,11 @@ directory and only the stand-in (or nothing) on ``PYTHONPATH``.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from importlib.metadata import entry_points
 
 import pytest
-from aiter_testlib import STANDIN, subprocess_env
+from aiter_testlib import STANDIN, run_result, subprocess_env
 
 CHILD = textwrap.dedent(
     """
@@ -65,11 +62,14 @@ CHILD = textwrap.dedent(
     else:
         run_entry()
         use_aiter()
+    from sglang_amd_moe.runtime.aiter import guard
     from sglang_amd_moe.runtime.aiter import hook as aiter_hook
-    st = aiter_hook.status()
+    st, gst = aiter_hook.status(), guard.status()
     result.update(live=aiter_hook.is_live(), aiter_imported="aiter" in sys.modules,
                   status=None if st is None else {"state": st.state, "form": st.form,
                                                   "message": st.message},
+                  guard=None if gst is None else {"state": gst.state, "live": guard.is_live(),
+                                                  "message": gst.message},
                   records=records)
     print("RESULT " + json.dumps(result))
     """
@@ -79,22 +79,19 @@ CHILD = textwrap.dedent(
 def run_child(tmp_path, order: str, entry: str, shape: str | None, extra_env=None) -> dict:
     env = subprocess_env(shape)
     env.update(extra_env or {})
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, order, entry],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return run_result(["-c", CHILD, order, entry], env, tmp_path)
 
 
-def hook_records(result: dict) -> list[dict]:
-    """Log records of this package about aiter (the hook's lines, the plugin's about it)."""
-    return [r for r in result["records"] if r["logger"] == "sglang_amd_moe" and "aiter" in r["msg"]]
+def hook_records(result: dict, guard: bool = False) -> list[dict]:
+    """Log records of this package about aiter: the sort hook's lines and the plugin's
+    about it, or (``guard``) the guard's."""
+    return [
+        r
+        for r in result["records"]
+        if r["logger"] == "sglang_amd_moe"
+        and "aiter" in r["msg"]
+        and ("guard" in r["msg"]) == guard
+    ]
 
 
 def test_declared_entry_points() -> None:
@@ -123,6 +120,10 @@ def test_vllm_entry_point_patches_aiter_in_either_order(tmp_path, shape, order) 
     infos = [x for x in hook_records(r) if x["level"] == "INFO"]
     assert len(infos) == 1 and shape in infos[0]["msg"]
     assert not [x for x in hook_records(r) if x["level"] in ("WARNING", "ERROR", "CRITICAL")]
+    # The guard, from the same entry point and in either order: live, one INFO line.
+    assert r["guard"]["state"] == "live" and r["guard"]["live"]
+    assert [x["level"] for x in hook_records(r, guard=True)][-1:] == ["INFO"]
+    assert r["guard"]["message"] == hook_records(r, guard=True)[-1]["msg"]
 
 
 @pytest.mark.sglang
@@ -137,6 +138,7 @@ def test_sglang_load_plugins_patches_aiter_imported_later(tmp_path) -> None:
     )
     assert (r["status"]["state"], r["status"]["form"]) == ("live", "count-dropped") and r["live"]
     assert r["num_valid_ids"][1] == 20
+    assert r["guard"]["state"] == "live" and r["guard"]["live"]
 
 
 def test_without_aiter_register_is_silent_and_imports_nothing(tmp_path) -> None:
@@ -145,9 +147,10 @@ def test_without_aiter_register_is_silent_and_imports_nothing(tmp_path) -> None:
         assert r["aiter_import_error"].startswith("ModuleNotFoundError")
         assert not r["aiter_imported"] and not r["live"]
         assert (r["status"]["state"], r["status"]["form"]) == ("not-needed", None)
-        mine = hook_records(r)
-        assert [x["level"] for x in mine] == ["DEBUG"], mine
-        assert "not installed" in mine[0]["msg"]
+        for mine in (hook_records(r), hook_records(r, guard=True)):
+            assert [x["level"] for x in mine] == ["DEBUG"], mine
+            assert "not installed" in mine[0]["msg"]
+        assert r["guard"]["state"] == "not-needed"
 
 
 def test_broken_aiter_does_not_fail_the_process(tmp_path) -> None:
@@ -155,5 +158,8 @@ def test_broken_aiter_does_not_fail_the_process(tmp_path) -> None:
     # aiter's own import error reaches its importer unchanged; the plugin stays quiet.
     assert r["aiter_import_error"] == "RuntimeError: ROCm version file not found"
     assert not r["live"] and (r["status"]["state"], r["status"]["form"]) == ("pending", None)
-    assert not [x for x in hook_records(r) if x["level"] in ("WARNING", "ERROR", "CRITICAL")]
+    assert r["guard"]["state"] == "pending" and not r["guard"]["live"]
+    for guard in (False, True):
+        loud = [x for x in hook_records(r, guard) if x["level"] in ("WARNING", "ERROR", "CRITICAL")]
+        assert not loud
     assert (STANDIN / "aiter" / "__init__.py").is_file()

@@ -215,3 +215,45 @@ def test_rejection_read_through_an_attribute_is_unknown() -> None:
     )
     r = analyze_source(s)
     assert r.form == "unknown" and "not as a parameter" in r.reason
+
+
+# --- the hook evaluates upstream's branch only where it means what it means upstream ----
+
+BRANCH = '    if output_aux and _MOE_SORT_BACKEND not in ("opus", "ck"):\n'
+UNPACK = "    device = topk_ids.device\n    M, topk = topk_ids.shape\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "old", "new", "why"),
+    [
+        # nested under another condition: upstream takes it only when that one holds too
+        (DROPPED, BRANCH, "    if dispatch_policy == 0:\n  " + BRANCH, "no `if output_aux"),
+        # a parameter the test reads, rebound before it
+        (DROPPED, UNPACK, UNPACK + "    output_aux = output_aux and M > 4\n", "reads output_aux"),
+        # M rebound after the unpack (the crossover would read another M)
+        (REJECTED, UNPACK, UNPACK + "    M = M * topk\n", "reads M"),
+        # a function-local backend: the module's variable is not what upstream reads
+        (DROPPED, UNPACK, UNPACK + '    _MOE_SORT_BACKEND = os.environ.get("B", "ck")\n',
+         "reads _MOE_SORT_BACKEND"),
+        # an early return before it: some calls never reach the branch upstream
+        (DROPPED, UNPACK, UNPACK + "    if expert_mask is not None:\n        return None\n",
+         "can return or raise"),
+    ],
+)  # fmt: skip
+def test_a_branch_read_out_of_context_is_unknown(source, old, new, why) -> None:
+    s = edit(source, old, new)
+    r = analyze_source(s)
+    assert r.form == "unknown" and why in r.reason, r.reason
+
+
+def test_a_caller_that_rebinds_the_count_is_not_read() -> None:
+    s = edit(
+        DROPPED,
+        "    M, topk = topk_ids.shape\n    E, model_dim",
+        "    M, topk = topk_ids.shape\n    if num_local_tokens is not None:\n"
+        "        num_local_tokens = num_local_tokens * topk\n    E, model_dim",
+    )
+    r = analyze_source(s)
+    assert r.form == "count-dropped" and r.count_dropping_callers == ("_fused_moe_impl",)
+    assert r.rebinding_callers == ("_fused_moe_impl",)
+    assert analyze_source(DROPPED).rebinding_callers == ()

@@ -8,6 +8,7 @@ M=62.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import types
@@ -17,6 +18,8 @@ import torch
 from aiter_testlib import (
     as_dict,
     assert_sort_of_leading_rows,
+    aux_sort,
+    edited_standin,
     padded_routing,
     reference_sort,
 )
@@ -39,6 +42,14 @@ def aux_calls() -> list[dict]:
 
 def ck_opus_calls() -> list[tuple[str, bool]]:
     return sys.modules["aiter.ops.moe_sorting"].standin_calls
+
+
+def fused(fm, ids, w, n=None) -> None:
+    """aiter's fused_moe on the count-dropped test shape (E experts, model_dim DIM)."""
+    hidden = torch.zeros(ids.shape[0], DIM, dtype=torch.bfloat16)
+    w1 = torch.empty(1, 1, 1).expand(E, 2 * 128, DIM)
+    w2 = torch.empty(1, 1, 1).expand(E, DIM, 128)
+    fm.fused_moe(hidden, w1, w2, w, ids, num_local_tokens=None if n is None else count(n))
 
 
 def sort_impl(fm, ids, w, *, n=None, BM=16, aux=True, accumulate=True, E=E, dim=DIM):
@@ -128,15 +139,12 @@ def test_fused_moe_drops_the_count_and_the_hook_recovers_it(load_aiter) -> None:
     fm = load_aiter("count-dropped", hook_first=None)
     fm.standin_metadata = fm.standin_inline_sort_metadata(block_m=16, atomic=True)
     ids, w = padded_routing(M, K, E, seed=7)
-    hidden = torch.zeros(M, DIM, dtype=torch.bfloat16)
-    w1 = torch.empty(1, 1, 1).expand(E, 2 * 128, DIM)
-    w2 = torch.empty(1, 1, 1).expand(E, DIM, 128)
-    fm.fused_moe(hidden, w1, w2, w, ids, num_local_tokens=count(20))
+    fused(fm, ids, w, 20)
     assert int(fm.standin_sorts[-1][3][1]) == M  # upstream: count dropped in _fused_moe_impl
     assert aiter_hook.install().state == "live"
-    fm.fused_moe(hidden, w1, w2, w, ids, num_local_tokens=count(20))
+    fused(fm, ids, w, 20)
     assert_sort_of_leading_rows(as_dict(fm.standin_sorts[-1]), ids, w, 20, E, 16, DIM)
-    fm.fused_moe(hidden, w1, w2, w, ids)  # no count: aiter's sort of all rows
+    fused(fm, ids, w)  # no count: aiter's sort of all rows
     assert int(fm.standin_sorts[-1][3][1]) == M
 
 
@@ -272,37 +280,13 @@ def test_mxfp4_moe_sort_takes_a_count_where_aiter_has_none(load_aiter) -> None:
     for n in (None, 9):
         out = fm._adaptive_moe_sort(ids, w, E, K, 16, DIM, atomic=True, emit_aux=True)
         assert int(out[3][1]) == M  # _adaptive_moe_sort itself never passes a count
-        ref = reference_sort(ids, w, E, 16, DIM, n)
-        buffers = {k: torch.empty_like(v) for k, v in ref.items()}
-        aiter.mxfp4_moe_sort(
-            topk_ids=ids, topk_weight=w, sorted_token_ids=buffers["sorted_token_ids"],
-            sorted_expert_ids=buffers["sorted_expert_ids"], cumsum_tensor=buffers["num_valid_ids"],
-            reverse_sorted=buffers["reverse_sorted"], sorted_weights=buffers["sorted_weights"],
-            m_indices=buffers["m_indices"], bf16_zero_out=buffers["moe_buf"],
-            bf16_zero_workspace=torch.empty(0, dtype=torch.bfloat16), M_logical=M, NE=E, TOPK=K,
-            D_HIDDEN=DIM, D_INTER=1, MB=16, prologue=0,
-            num_local_tokens=None if n is None else count(n),
-        )  # fmt: skip
+        buffers = aux_sort(aiter, ids, w, E, 16, DIM, n)
         assert_sort_of_leading_rows(buffers, ids, w, M if n is None else n, E, 16, DIM)
     # With None: aiter's own kernel (twice through _adaptive_moe_sort, once directly).
     assert [c["M_logical"] for c in aux_calls()] == [M, M, M]
 
 
 # --- forms the hook leaves alone -------------------------------------------------------
-
-
-def _edited_standin(tmp_path, old: str, new: str):
-    import shutil
-
-    from aiter_testlib import STANDIN
-
-    root = tmp_path / "standin"
-    shutil.copytree(STANDIN, root)
-    target = root / "aiter" / "_shapes" / "count_dropped" / "fused_moe.py"
-    text = target.read_text()
-    assert text.count(old) == 1
-    target.write_text(text.replace(old, new))
-    return root
 
 
 @pytest.mark.parametrize(
@@ -319,7 +303,7 @@ def test_unknown_trees_are_left_alone_with_one_warning(
     load_aiter, tmp_path, monkeypatch, caplog, old, new, form
 ) -> None:
     load_aiter  # noqa: B018  (cleanup only)
-    monkeypatch.syspath_prepend(str(_edited_standin(tmp_path, old, new)))
+    monkeypatch.syspath_prepend(str(edited_standin(tmp_path, old, new)))
     monkeypatch.setenv("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", "count-dropped")
     caplog.set_level(logging.DEBUG, logger="sglang_amd_moe")
     assert aiter_hook.install().state == "pending"
@@ -358,3 +342,100 @@ def test_a_bare_directory_named_aiter_is_not_aiter(tmp_path, monkeypatch) -> Non
     assert (st.state, st.form) == ("not-needed", None) and "not installed" in st.message
     assert not any(getattr(f, "_sglang_amd_moe_finder", False) for f in sys.meta_path)
     assert "aiter" not in sys.modules
+
+
+# --- routing exactly as aiter would ------------------------------------------------------
+
+
+def test_a_call_with_an_expert_mask_stays_with_aiter(load_aiter) -> None:
+    """Our sort has no expert mask: a masked call goes where aiter sends it, count or not."""
+    fm = load_aiter("count-dropped")
+    ids, w = padded_routing(M, K, E, seed=19)
+    mask = torch.ones(E, dtype=torch.int32)
+    got = fm._moe_sorting_impl(
+        ids, w, E, DIM, torch.bfloat16, 16, mask, count(20), 0, True,
+        accumulate=True, output_aux=True,
+    )  # fmt: skip
+    assert [c["M_logical"] for c in aux_calls()] == [M]  # aiter's own adaptive sort
+    assert int(got[3][1]) == M
+
+
+def test_a_caller_that_rebinds_its_count_is_not_read(load_aiter, tmp_path, monkeypatch) -> None:
+    """A count rebound before the sort (here a per-pair count) is not the row count."""
+    load_aiter  # noqa: B018  (cleanup only)
+    root = edited_standin(
+        tmp_path,
+        "    M, topk = topk_ids.shape\n    E, model_dim",
+        "    M, topk = topk_ids.shape\n    if num_local_tokens is not None:\n"
+        "        num_local_tokens = num_local_tokens * topk\n    E, model_dim",
+    )
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("SGLANG_AMD_MOE_TEST_AITER_STANDIN_SHAPE", "count-dropped")
+    import aiter.fused_moe as fm
+
+    assert str(tmp_path) in fm.__file__ and aiter_hook.install().state == "live"
+    fm.standin_metadata = fm.standin_inline_sort_metadata(block_m=16, atomic=True)
+    ids, w = padded_routing(M, K, E, seed=21)
+    fused(fm, ids, w, 5)
+    # Not 25 rows (5 * topk): aiter's own sort, over every row.
+    assert int(fm.standin_sorts[-1][3][1]) == M
+    assert [c["M_logical"] for c in aux_calls()] == [M]
+
+
+def test_a_frame_search_that_gives_up_says_so_once(load_aiter, caplog) -> None:
+    fm = load_aiter("count-dropped")
+    ids, w = padded_routing(M, K, E, seed=23)
+
+    def deep(levels: int):
+        if levels:
+            return deep(levels - 1)
+        return fm.moe_sorting(ids, w, E, DIM, torch.bfloat16, 16, output_aux=True)
+
+    with caplog.at_level(logging.WARNING, logger="sglang_amd_moe"):
+        for _ in range(2):
+            assert int(deep(10)[3][1]) == M  # no count anywhere: aiter's own sort
+    lines = [r.getMessage() for r in caplog.records if r.name == "sglang_amd_moe"]
+    assert len(lines) == 1 and "no aiter caller within 8 frames" in lines[0], lines
+
+
+# --- a failure of ours never hands aiter the padded rows ---------------------------------
+
+
+def test_when_our_sort_fails_aiter_sorts_the_padded_rows_zeroed(load_aiter, monkeypatch, caplog):
+    import sglang_amd_moe.kernels as kernels
+
+    fm = load_aiter("count-dropped")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image for this architecture")
+
+    monkeypatch.setattr(kernels, "adaptive_moe_sort", broken)
+    ids, w = padded_routing(M, K, E, seed=25)
+    with caplog.at_level(logging.WARNING, logger="sglang_amd_moe"):
+        for _ in range(2):
+            got = as_dict(sort_impl(fm, ids, w, n=30))
+    # aiter's count-blind sort ran, on rows >= 30 (and every -1) turned into expert 0 with
+    # weight 0: nothing out of range reached its kernel, and no weight of a padded row.
+    assert [c["out_of_range"] for c in aux_calls()] == [[], []]
+    total = int(got["num_valid_ids"][0])
+    tokens = got["sorted_token_ids"][:total] & 0xFFFFFF
+    late = (tokens >= 30) & (got["sorted_token_ids"][:total] != M)
+    assert bool((got["sorted_weights"][:total][late] == 0).all())
+    lines = [r.getMessage() for r in caplog.records if r.name == "sglang_amd_moe"]
+    assert len(lines) == 1 and "RuntimeError" in lines[0] and "zeroed" in lines[0], lines
+
+
+def test_when_our_aux_kernel_fails_aiter_gets_the_padded_rows_zeroed(load_aiter, monkeypatch):
+    import sglang_amd_moe.kernels as kernels
+
+    @functools.wraps(kernels.mxfp4_moe_sort)  # the hook binds calls to its signature
+    def broken(*args, **kwargs):
+        raise RuntimeError("compile error")
+
+    monkeypatch.setattr(kernels, "mxfp4_moe_sort", broken)
+    load_aiter("count-rejected", hook_first=None)
+    assert aiter_hook.install().state == "live"
+    aiter = sys.modules["aiter"]
+    ids, w = padded_routing(M, K, E, seed=27)
+    aux_sort(aiter, ids, w, E, 16, DIM, 9)
+    assert [c["out_of_range"] for c in aux_calls()] == [[]]

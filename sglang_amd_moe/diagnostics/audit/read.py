@@ -87,6 +87,7 @@ class TargetReport:
     probe: dict | None = None  # --load, SGLang: the function run on the probe batch
     patch_probe: dict | None = None  # --load, SGLang: the patched function, run
     nearest: dict | None = None  # an unknown SGLang body: the nearest known one, the diff
+    guard: dict | None = None  # aiter: the guard at its MoE entry (state, live, why)
     source: str = field(default="", repr=False)  # this and below: not in the JSON
     status: HookStatus | None = field(default=None, repr=False)
     seen: Any = field(default=None, repr=False)

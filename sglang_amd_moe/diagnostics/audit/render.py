@@ -108,6 +108,9 @@ def render_table(reports: list[TargetReport], exit_status: int, view: PluginView
         if not r.installed:
             continue
         lines.append(f"{pad}plugin action: {r.action}")
+        if r.guard:
+            live = "live here" if r.guard["live"] else r.guard["state"]
+            lines.append(f"{pad}guard at its MoE entry: {live} ({r.guard['why']})")
         lines.append(f"{pad}file: {r.file}")
         lines.append(f"{pad}sha256: {r.sha256 or '-'}")
         if r.patch_file:

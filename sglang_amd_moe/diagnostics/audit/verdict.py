@@ -18,6 +18,8 @@ from sglang_amd_moe.diagnostics.audit.read import (
     SGLANG,
     TargetReport,
 )
+from sglang_amd_moe.runtime import env
+from sglang_amd_moe.runtime.aiter import forms as aiter_forms
 from sglang_amd_moe.runtime.sglang import names
 from sglang_amd_moe.runtime.target import HookStatus
 
@@ -207,8 +209,31 @@ def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
     return dataclasses.replace(base, reason=f"{base.reason}; {right}")
 
 
+def guard_state(rep: TargetReport, view: PluginView | None) -> dict:
+    """The guard at aiter's MoE entry: its state as a HOOK cell reads, whether it is live in
+    this process, and why (its status after ``--load``, else what the file and the routes
+    say). The guard module is read where loaded, never imported: it imports torch."""
+    mod = sys.modules.get("sglang_amd_moe.runtime.aiter.guard")
+    live = bool(mod is not None and mod.is_live())
+    st = mod.status() if mod is not None and view is not None and view.loaded else None
+    if st is not None:
+        return {"state": st.state, "live": live, "why": st.message}
+    entry, problem = aiter_forms.guard_entry(rep.source)
+    if problem:
+        return {"state": "refused", "live": live, "why": f"aiter.fused_moe.{entry} {problem}"}
+    if env.guard_off():
+        return {"state": "off", "live": live, "why": "SGLANG_AMD_MOE_GUARD=0"}
+    if view is None:
+        return {"state": "?", "live": live, "why": "the image's plugin cannot be seen from here"}
+    seen = [predicted(route) for route in plugins.routes(AITER, view)]
+    _, cell, why = next((s for s in seen if s[0]), seen[0])
+    return {"state": cell, "live": live, "why": f"aiter.fused_moe.{entry}: {why}"}
+
+
 def conclude(rep: TargetReport, view: PluginView | None) -> None:
     """Fill the verdict, the action line, and the patch's path and command."""
+    if rep.target == AITER and rep.installed:
+        rep.guard = guard_state(rep, view)
     v = verdict(rep, view)
     decided = False
     if rep.seen is not None:

@@ -1,25 +1,17 @@
-"""The aiter hook: aiter's MXFP4 (a4w4) aux sort honours ``num_local_tokens`` (the real
-row count of a padded CUDA-graph batch, a device tensor) wherever aiter drops or rejects it.
-
-Per form of ``aiter/fused_moe.py`` (``forms`` reads it; never a version string):
-``count-dropped``: ``_moe_sorting_impl`` is wrapped; an adaptive-branch call (upstream's
-own condition, evaluated) that carries a count, or whose aiter caller dropped it
-(``caller_count``), goes to :func:`sglang_amd_moe.kernels.adaptive_moe_sort`; every other
-call goes to aiter unchanged. ``count-rejected``: ``_mxfp4_inline_sort_unsupported`` stops
-rejecting a call only for its count, and the sort such calls reach honours it (the same
-wrapper, and a count-taking ``aiter.mxfp4_moe_sort`` where aiter's takes none).
-``count-honored``, ``absent``: nothing; ``unknown``: nothing, and one WARNING.
-
-aiter is imported lazily (SGLang with ``SGLANG_USE_AITER=1``, ATOM), so ``aiter.fused_moe``
-is patched at once if imported, else right after it executes (state ``pending`` until
-then); the hook never imports aiter itself. ``from aiter.fused_moe import X`` copies are
-rebound. A call without a count is left to aiter: nothing in it says which rows are padding.
+"""The aiter sort hook: aiter's MXFP4 (a4w4) aux sort honours ``num_local_tokens`` (the
+real row count of a padded CUDA-graph batch) where aiter drops or rejects it. Per form
+(``forms``): ``count-dropped``: ``_moe_sorting_impl`` is wrapped, and an adaptive-branch
+call (upstream's own condition, evaluated) without an expert mask, with a count of its own
+or one its aiter caller dropped (read from that caller's frame), goes to
+:func:`sglang_amd_moe.kernels.adaptive_moe_sort`; every other call to aiter, unchanged.
+``count-rejected``: besides, ``_mxfp4_inline_sort_unsupported`` stops rejecting a call
+for its count alone, and ``aiter.mxfp4_moe_sort`` takes one where it does not. Others:
+nothing. When our sort fails for a call, aiter's runs on ``plain_guard``'s routing.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import inspect
 import logging
 import sys
@@ -28,29 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_amd_moe.runtime.aiter import forms
-from sglang_amd_moe.runtime.aiter.caller_count import BranchCondition, count_from_caller
-from sglang_amd_moe.runtime.target import (
-    Gate,
-    HookStatus,
-    Refusal,
-    Target,
-    find_marked,
-    forget,
-    holds,
-    mark,
-    rebind_copies,
-    watching,
-    when_imported,
-)
+from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, apply, our_kernels, plain_guard
+from sglang_amd_moe.runtime.target import HookStatus, Refusal, find_marked, mark
 
-logger = logging.getLogger("sglang_amd_moe")
-
-TARGET = "aiter.fused_moe"
-#: ``HookStatus.target`` of this hook.
-NAME = "aiter"
+NAME = "aiter"  # HookStatus.target of this hook
 _COUNT = forms.COUNT
 _FIXABLE = ("count-dropped", "count-rejected")
 _KERNELS_NEEDED = ("adaptive_moe_sort", "mxfp4_moe_sort")
+#: How many frames above the hook the caller that dropped the count may be.
+_DEPTH = 8
 
 
 # --- the decision (pure) ---------------------------------------------------------------
@@ -58,23 +36,18 @@ _KERNELS_NEEDED = ("adaptive_moe_sort", "mxfp4_moe_sort")
 
 @dataclass(frozen=True)
 class Runtime:
-    """What the running ``aiter.fused_moe`` (and this package) offer, read without calling.
+    """What the running ``aiter.fused_moe`` (and this package) offer, read without calling
+    (parameters: None where the attribute is missing or has no signature)."""
 
-    Parameter tuples are None when the attribute is missing, not callable or has no
-    signature.
-    """
-
-    impl_params: tuple[str, ...] | None = None
+    impl_params: tuple[str, ...] | None = None  # _moe_sorting_impl
     impl_marked: bool = False
     backend_present: bool = False
-    unsupported_params: tuple[str, ...] | None = None
+    unsupported_params: tuple[str, ...] | None = None  # _mxfp4_inline_sort_unsupported
     unsupported_marked: bool = False
-    #: ``aiter.mxfp4_moe_sort``: present, its parameters (None: no signature), marked.
-    aux_present: bool = False
+    aux_present: bool = False  # aiter.mxfp4_moe_sort
     aux_params: tuple[str, ...] | None = None
     aux_marked: bool = False
-    #: Why ``sglang_amd_moe.kernels`` cannot serve the hook ("" when it can, or unchecked).
-    kernels_error: str = ""
+    kernels_error: str = ""  # why sglang_amd_moe.kernels cannot serve the hook
 
 
 @dataclass(frozen=True)
@@ -82,12 +55,9 @@ class Plan:
     """What to wrap for a fixable form."""
 
     form: str
-    #: Wrap ``_moe_sorting_impl`` (route counted adaptive calls to our sort).
-    wrap_impl: bool
-    #: Wrap ``_mxfp4_inline_sort_unsupported`` (stop rejecting for the count alone).
-    unreject: bool
-    #: Wrap ``aiter.mxfp4_moe_sort`` so it accepts ``num_local_tokens``.
-    accept_count: bool
+    wrap_impl: bool  # _moe_sorting_impl: counted adaptive calls to our sort
+    unreject: bool  # _mxfp4_inline_sort_unsupported: no rejection for the count alone
+    accept_count: bool  # aiter.mxfp4_moe_sort: takes num_local_tokens
 
     def targets(self) -> tuple[str, ...]:
         names = [forms.SORT_IMPL] if self.wrap_impl else []
@@ -109,72 +79,36 @@ def decide(report: forms.FormReport, rt: Runtime) -> Plan | Refusal:
         return Refusal("refused", "already wrapped by another copy of sglang-amd-moe; left as is")
     if rt.kernels_error:
         return Refusal("error", rt.kernels_error)
-    impl = forms.SORT_IMPL
+    impl = f"{TARGET}.{forms.SORT_IMPL}"
     if rt.impl_params is None:
-        return Refusal("refused", f"{TARGET}.{impl} is missing or has no signature at run time")
-    wrap_impl = not (report.impl_passes_count and report.adaptive_passes_count) or bool(
-        report.count_dropping_callers
-    )
-    if wrap_impl:
-        missing = [p for p in forms.IMPL_PARAMS_READ if p not in rt.impl_params]
-        if missing:
-            return Refusal("refused", f"{TARGET}.{impl} differs at run time (no {missing})")
-        if not report.branch_test or not report.backend_var:
-            return Refusal("refused", f"{TARGET}.{impl} has no adaptive branch to evaluate")
-        if not rt.backend_present:
-            return Refusal("refused", f"{TARGET}.{report.backend_var} is missing at run time")
+        return Refusal("refused", f"{impl} is missing or has no signature at run time")
+    threaded = report.impl_passes_count and report.adaptive_passes_count
+    wrap_impl = not threaded or bool(report.count_dropping_callers)
+    missing = [p for p in forms.IMPL_PARAMS_READ if p not in rt.impl_params]
+    if wrap_impl and missing:
+        return Refusal("refused", f"{impl} differs at run time (no {missing})")
+    if wrap_impl and not (report.branch_test and report.backend_var):
+        return Refusal("refused", f"{impl} has no adaptive branch to evaluate")
+    if wrap_impl and not rt.backend_present:
+        return Refusal("refused", f"{TARGET}.{report.backend_var} is missing at run time")
     unreject = form == "count-rejected"
-    accept_count = False
-    if unreject:
-        if rt.unsupported_params is None or _COUNT not in rt.unsupported_params:
-            unsupported = forms.INLINE_UNSUPPORTED
-            return Refusal("refused", f"{TARGET}.{unsupported} cannot be wrapped at run time")
-        accept_count = rt.aux_present and not rt.aux_marked and _COUNT not in (rt.aux_params or ())
+    if unreject and _COUNT not in (rt.unsupported_params or ()):
+        why = f"{TARGET}.{forms.INLINE_UNSUPPORTED} cannot be wrapped at run time"
+        return Refusal("refused", why)
+    takes = _COUNT in (rt.aux_params or ())
+    accept_count = unreject and rt.aux_present and not rt.aux_marked and not takes
     return Plan(form, wrap_impl=wrap_impl, unreject=unreject, accept_count=accept_count)
 
 
-@dataclass
-class _Patch:
-    module: types.ModuleType
-    attr: str
-    original: Any
-    replacement: Any
-
-
-def _read_source(module: types.ModuleType) -> tuple[str | None, str]:
-    spec = getattr(module, "__spec__", None)
-    origin = getattr(spec, "origin", None) or getattr(module, "__file__", None) or ""
-    if origin.endswith(".py"):
-        try:
-            with open(origin, encoding="utf-8") as fh:
-                return fh.read(), origin
-        except OSError:
-            pass
-    try:
-        return inspect.getsource(module), origin
-    except (OSError, TypeError):
-        return None, origin
-
-
 def _params(fn: Any) -> tuple[str, ...] | None:
-    if not callable(fn):
-        return None
     try:
-        return tuple(inspect.signature(fn).parameters)
+        return tuple(inspect.signature(fn).parameters) if callable(fn) else None
     except (TypeError, ValueError):
         return None
 
 
 def _kernels() -> tuple[Any | None, str]:
-    """This package's kernels module, or why it cannot serve the hook."""
-    try:
-        from sglang_amd_moe import kernels
-    except Exception as exc:
-        return None, f"sglang_amd_moe.kernels does not import ({type(exc).__name__}: {exc})"
-    missing = [n for n in _KERNELS_NEEDED if not callable(getattr(kernels, n, None))]
-    if missing:
-        return None, f"sglang_amd_moe.kernels lacks {', '.join(missing)}"
-    return kernels, ""
+    return our_kernels(_KERNELS_NEEDED)
 
 
 def _runtime(module: types.ModuleType, report: forms.FormReport) -> tuple[Runtime, Any]:
@@ -185,79 +119,26 @@ def _runtime(module: types.ModuleType, report: forms.FormReport) -> tuple[Runtim
     unsupported = getattr(module, forms.INLINE_UNSUPPORTED, None)
     pkg = sys.modules.get("aiter")
     aux = getattr(pkg, forms.AUX_KERNEL, None) if pkg is not None else None
-    kernels, error = _kernels()
-    rt = Runtime(
-        impl_params=_params(impl),
-        impl_marked=find_marked(impl) is not None,
-        backend_present=bool(report.backend_var) and hasattr(module, report.backend_var),
-        unsupported_params=_params(unsupported),
-        unsupported_marked=find_marked(unsupported) is not None,
-        aux_present=aux is not None,
-        aux_params=_params(aux),
-        aux_marked=find_marked(aux) is not None,
-        kernels_error=error,
-    )
-    return rt, kernels
+    ours, error = _kernels()
+    backend = bool(report.backend_var) and hasattr(module, report.backend_var)
+    rt = Runtime(_params(impl), find_marked(impl) is not None, backend, _params(unsupported),
+                 find_marked(unsupported) is not None, aux is not None, _params(aux),
+                 find_marked(aux) is not None, error)  # fmt: skip
+    return rt, ours
 
 
-class AiterHook(Target):
-    """The aiter target (the module-level functions below are its public surface)."""
+class AiterHook(ModuleTarget):
+    """The aiter sort target (the module-level functions below are its public surface)."""
 
-    name, what, upstream = NAME, TARGET, "aiter"
+    name, what, label = NAME, TARGET, "aiter hook"
 
     def __init__(self) -> None:
         super().__init__()
         self.report: forms.FormReport | None = None
-        self.patches: list[_Patch] = []
-
-    def _install(self, gate: Gate) -> HookStatus:
-        module = sys.modules.get(TARGET)
-        if module is None:
-            try:
-                spec = importlib.util.find_spec("aiter")
-            except Exception as exc:  # a broken sys.path entry or a half-imported aiter
-                text = f"cannot look up aiter ({type(exc).__name__}: {exc}); aiter hook not needed"
-                return self.record(self.make_status("not-needed", None, text), level=logging.DEBUG)
-            # A bare directory named aiter on sys.path is a namespace package (no origin);
-            # the real aiter is a regular package, which would win over it.
-            if spec is None or spec.origin in (None, "namespace"):
-                text = "aiter is not installed; aiter hook not needed"
-                return self.record(self.make_status("not-needed", None, text), level=logging.DEBUG)
-        when_imported(TARGET, self._on_import)
-        if module is None:
-            text = f"aiter hook pending: {TARGET} is patched when it is imported"
-            return self.record(self.make_status("pending", None, text), level=logging.DEBUG)
-        return self._on_loaded(module)
-
-    def _still_hooked(self) -> bool:
-        st = self._status
-        if st is not None and st.state == "pending":
-            return watching(TARGET) and TARGET not in sys.modules
-        return self.is_live()
-
-    def is_live(self) -> bool:
-        """Every wrapper of this hook is in place now (possibly under others')."""
-        with self.lock:
-            return bool(self.patches) and all(
-                holds(getattr(p.module, p.attr, None), p.replacement) for p in self.patches
-            )
 
     def _undo(self) -> None:
-        for p in reversed(self.patches):
-            if getattr(p.module, p.attr, None) is p.replacement:
-                setattr(p.module, p.attr, p.original)
-        forget(TARGET, self._on_import)
-        self.patches, self.report = [], None
-
-    def _on_import(self, module: types.ModuleType) -> None:
-        with self.lock:
-            try:
-                self._on_loaded(module)
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - ours must not fail aiter's import
-                text = f"aiter hook failed ({type(exc).__name__}: {exc}); aiter left untouched"
-                self.record(self.make_status("error", None, text), exc_info=True)
+        super()._undo()
+        self.report = None
 
     def _on_loaded(self, module: types.ModuleType) -> HookStatus:
         """Classify ``module`` (``aiter.fused_moe``), decide, and patch per the plan."""
@@ -273,69 +154,79 @@ class AiterHook(Target):
         rt, kernels = _runtime(module, report)
         decision = decide(report, rt)
         if isinstance(decision, Refusal):
-            if decision.state == "not-needed":
-                text, level = (
-                    f"{head} {decision.reason}",
-                    logging.DEBUG,
-                )  # the SGLang line is the process's
+            if decision.state == "not-needed":  # the SGLang line is the process's
+                text, level = f"{head} {decision.reason}", logging.DEBUG
             else:
                 text, level = f"{head} not hooked: {decision.reason}; aiter left untouched", None
-            st = self.make_status(decision.state, report.form, text, **detail)
-            return self.record(st, level=level)
-        self.patches = _apply(self._build(module, report, decision, kernels))
+            return self.record(
+                self.make_status(decision.state, report.form, text, **detail), level=level
+            )
+        plan: list[tuple[types.ModuleType, str, Any, Any]] = []
+        if decision.wrap_impl:
+            impl = getattr(module, forms.SORT_IMPL)
+            plan.append(
+                (module, forms.SORT_IMPL, impl, _impl_hook(module, impl, report, kernels, self))
+            )
+        if decision.unreject:
+            unsupported = getattr(module, forms.INLINE_UNSUPPORTED)
+            wrapper = _unreject_hook(unsupported, self)
+            plan.append((module, forms.INLINE_UNSUPPORTED, unsupported, wrapper))
+        if decision.accept_count:
+            pkg = sys.modules["aiter"]
+            original = getattr(pkg, forms.AUX_KERNEL)
+            plan.append(
+                (pkg, forms.AUX_KERNEL, original, _count_taking_aux(original, kernels, self))
+            )
+        self.patches = apply(plan)
         patched = sorted({f"{p.module.__name__}.{p.attr}" for p in self.patches})
         text = f"{head} {forms.ACTIONS[report.form]} [{', '.join(patched)}]"
         return self.record(self.make_status("live", report.form, text, patched=patched, **detail))
 
-    def _build(self, module, report: forms.FormReport, plan: Plan, kernels: Any) -> list[tuple]:
-        """(module, attribute, original, replacement) for every wrapper the plan asks for."""
-        out: list[tuple[types.ModuleType, str, Any, Any]] = []
-        if plan.wrap_impl:
-            impl = getattr(module, forms.SORT_IMPL)
-            wrapper = _impl_hook(module, impl, report, kernels, self.log_call_failure)
-            out.append((module, forms.SORT_IMPL, impl, wrapper))
-        if plan.unreject:
-            unsupported = getattr(module, forms.INLINE_UNSUPPORTED)
-            wrapper = _unreject_hook(unsupported, self.log_call_failure)
-            out.append((module, forms.INLINE_UNSUPPORTED, unsupported, wrapper))
-        if plan.accept_count:
-            pkg = sys.modules["aiter"]
-            original = getattr(pkg, forms.AUX_KERNEL)
-            wrapper = _count_taking_aux(original, kernels, self.log_call_failure)
-            out.append((pkg, forms.AUX_KERNEL, original, wrapper))
-        return out
 
-
-def _apply(plan: list[tuple[types.ModuleType, str, Any, Any]]) -> list[_Patch]:
-    """Set every planned attribute, then rebind ``from ... import`` copies of the originals."""
-    applied: list[_Patch] = []
-    for module, attr, original, replacement in plan:
-        setattr(module, attr, replacement)
-        applied.append(_Patch(module, attr, original, replacement))
-    done = {(id(p.module), p.attr) for p in applied}
-    for _, attr, original, replacement in plan:
-        for mod, name in rebind_copies(original, replacement, name=attr, skip=done):
-            applied.append(_Patch(mod, name, original, replacement))
-            done.add((id(mod), name))
-    return applied
+def _read_source(module: types.ModuleType) -> tuple[str | None, str]:
+    origin = getattr(module.__spec__, "origin", None) or getattr(module, "__file__", "") or ""
+    try:
+        return inspect.getsource(module), origin
+    except (OSError, TypeError):
+        return None, origin
 
 
 # --- the three wrappers ----------------------------------------------------------------
 
 
-_FAILED = (
-    "the {} hook failed; aiter's own path ran instead "
-    "(num_local_tokens is not honored for this call)"
-)
+def _fell_back(hook: ModuleTarget, where: str, exc: Exception) -> None:
+    why = f"{type(exc).__name__}: {exc}"
+    text = f"this package's sort failed in {where} ({why}); aiter's ran, padded rows zeroed"
+    hook.once(f"{where} {type(exc).__name__}", text, exc_info=True)
 
 
-def _impl_hook(module: types.ModuleType, impl: Any, report: forms.FormReport, kernels: Any, fail):
+def _count_from_caller(topk_ids: Any, callers: frozenset[str], origin: str, hook) -> Any:
+    """The count of the nearest enclosing named aiter caller sorting this ``topk_ids``
+    (aiter main: ``fused_moe`` -> ``fused_moe_`` (torch custom op) -> ``_fused_moe_impl``
+    -> ``moe_sorting`` -> ``_moe_sorting_impl``, the hook). The frame must be one
+    ``forms`` named, in aiter's own ``fused_moe.py``, holding the very same ``topk_ids``."""
+    frame = sys._getframe(2)  # skip this function and _route
+    for _ in range(_DEPTH):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code.co_name in callers and code.co_filename == origin:
+            local = frame.f_locals
+            return local.get(_COUNT) if local.get("topk_ids") is topk_ids else None
+        frame = frame.f_back
+    if frame is not None:
+        text = f"no aiter caller within {_DEPTH} frames of {forms.SORT_IMPL}: "
+        text += "such calls without a count are sorted by aiter over every row"
+        hook.once("frame search", text)
+    return None
+
+
+def _impl_hook(module: types.ModuleType, impl: Any, report: forms.FormReport, kernels: Any, hook):
     """AROUND hook on ``_moe_sorting_impl`` (see the module docstring)."""
     sig = inspect.signature(impl)
-    branch = BranchCondition(report.branch_test, module, report.backend_var)
-    callers = frozenset(report.count_dropping_callers)
+    test = compile(report.branch_test, "<aiter adaptive branch>", "eval")
+    callers = frozenset(report.count_dropping_callers) - set(report.rebinding_callers)
     origin = getattr(module, "__file__", None) or ""
-    adaptive = kernels.adaptive_moe_sort
     # output_aux read without binding: most calls (CK/Opus, output_aux=False) go straight
     # back to aiter, and binding costs several microseconds of host time per call.
     aux_param = sig.parameters["output_aux"]
@@ -346,8 +237,8 @@ def _impl_hook(module: types.ModuleType, impl: Any, report: forms.FormReport, ke
     )
     aux_default = None if aux_param.default is aux_param.empty else aux_param.default
 
-    def _route(args: tuple, kwargs: dict) -> Any:
-        """Our sort's result for a count-carrying adaptive call, else ``_UPSTREAM``."""
+    def _route(args: tuple, kwargs: dict) -> tuple[inspect.BoundArguments, Any] | None:
+        """The bound call and its count when our sort takes it; None: aiter's."""
         if "output_aux" in kwargs:
             output_aux = kwargs["output_aux"]
         elif aux_pos is not None and aux_pos < len(args):
@@ -355,53 +246,56 @@ def _impl_hook(module: types.ModuleType, impl: Any, report: forms.FormReport, ke
         else:
             output_aux = aux_default
         if not output_aux:
-            return _UPSTREAM
+            return None
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError:
-            return _UPSTREAM  # let aiter raise its own error
+            return None  # let aiter raise its own error
         bound.apply_defaults()
         a = bound.arguments
-        if not a["output_aux"]:
-            return _UPSTREAM
-        topk_ids = a["topk_ids"]
+        # Our sort has no expert mask: a masked call stays with aiter, whatever it does.
+        if not a["output_aux"] or a["expert_mask"] is not None:
+            return None
         count = a[_COUNT]
         if count is None and callers:
-            count = count_from_caller(topk_ids, callers, origin)
+            count = _count_from_caller(a["topk_ids"], callers, origin, hook)
         if count is None:
-            return _UPSTREAM
-        rows, topk = topk_ids.shape
-        if not branch.holds(a, rows, topk):  # upstream's own branch condition
-            return _UPSTREAM
-        return adaptive(
-            topk_ids,
-            a["topk_weights"],
-            a["num_experts"],
-            topk,
-            a["block_size"],
-            a["model_dim"],
-            atomic=a["accumulate"],
-            emit_aux=True,
-            moebuf_dtype=a["moebuf_dtype"],
-            num_local_tokens=count,
-        )
+            return None
+        scope = {**a, "M": a["topk_ids"].shape[0], "topk": a["topk_ids"].shape[1]}
+        scope[report.backend_var] = getattr(module, report.backend_var)
+        if not eval(test, {"__builtins__": {}}, scope):  # noqa: S307 - pure, checked by forms
+            return None  # upstream's own branch condition
+        return bound, count
 
     @functools.wraps(impl)
     def _moe_sorting_impl(*args: Any, **kwargs: Any) -> Any:
         try:
-            out = _route(args, kwargs)
-        except Exception:  # never take the forward down: aiter's own path instead
-            fail(forms.SORT_IMPL, _FAILED.format(forms.SORT_IMPL))
-            out = _UPSTREAM
-        return impl(*args, **kwargs) if out is _UPSTREAM else out
+            routed = _route(args, kwargs)
+        except Exception:  # deciding failed: aiter's own path decides (and raises) instead
+            hook.log_call_failure(
+                forms.SORT_IMPL, f"routing a {forms.SORT_IMPL} call failed; aiter's own path ran"
+            )
+            routed = None
+        if routed is None:
+            return impl(*args, **kwargs)
+        bound, count = routed
+        a = bound.arguments
+        ids, weights = a["topk_ids"], a["topk_weights"]
+        try:
+            return kernels.adaptive_moe_sort(
+                ids, weights, a["num_experts"], ids.shape[1], a["block_size"], a["model_dim"],
+                atomic=a["accumulate"], emit_aux=True, moebuf_dtype=a["moebuf_dtype"],
+                num_local_tokens=count,
+            )  # fmt: skip
+        except Exception as exc:
+            _fell_back(hook, forms.SORT_IMPL, exc)
+            a["topk_ids"], a["topk_weights"] = plain_guard(ids, weights, a["num_experts"], count)
+            return impl(*bound.args, **bound.kwargs)
 
     return mark(_moe_sorting_impl, impl)
 
 
-_UPSTREAM = object()  # a wrapper's "call aiter's own function" answer
-
-
-def _unreject_hook(unsupported: Any, fail):
+def _unreject_hook(unsupported: Any, hook):
     """Wrap ``_mxfp4_inline_sort_unsupported`` so a count alone no longer rejects a call."""
     sig = inspect.signature(unsupported)
 
@@ -416,15 +310,18 @@ def _unreject_hook(unsupported: Any, fail):
                 return reason
             bound.arguments[_COUNT] = None
             without_count = unsupported(*bound.args, **bound.kwargs)
-        except Exception:  # keep aiter's own verdict
-            fail(forms.INLINE_UNSUPPORTED, _FAILED.format(forms.INLINE_UNSUPPORTED))
+        except Exception:  # keep aiter's verdict: its other path honours the count
+            hook.log_call_failure(
+                forms.INLINE_UNSUPPORTED,
+                "re-asking aiter without the count failed; aiter's verdict kept",
+            )
             return reason
         return without_count if not without_count else reason
 
     return mark(_mxfp4_inline_sort_unsupported, unsupported)
 
 
-def _count_taking_aux(original: Any, kernels: Any, fail):
+def _count_taking_aux(original: Any, kernels: Any, hook):
     """``aiter.mxfp4_moe_sort`` that also takes ``num_local_tokens`` (routed to ours)."""
     try:
         orig_sig: inspect.Signature | None = inspect.signature(original)
@@ -439,16 +336,17 @@ def _count_taking_aux(original: Any, kernels: Any, fail):
             bound = our_sig.bind(*args, **kwargs)
         except TypeError:
             return original(*args, **kwargs)
-        count = bound.arguments.get(_COUNT)
-        rest = {k: v for k, v in bound.arguments.items() if k != _COUNT}
+        rest = dict(bound.arguments)
+        count = rest.pop(_COUNT, None)
         if count is None:
-            if _COUNT not in bound.arguments:
-                return original(*args, **kwargs)
-            return original(**rest)
+            return original(**rest) if _COUNT in bound.arguments else original(*args, **kwargs)
         try:
             return ours(*args, **kwargs)
-        except Exception:  # never take the forward down: aiter's kernel, without the count
-            fail(forms.AUX_KERNEL, _FAILED.format(forms.AUX_KERNEL))
+        except Exception as exc:  # aiter's kernel, on rows the count marks as padding zeroed
+            _fell_back(hook, forms.AUX_KERNEL, exc)
+            rest["topk_ids"], rest["topk_weight"] = plain_guard(
+                rest["topk_ids"], rest["topk_weight"], rest["NE"], count
+            )
             return original(**rest)
 
     if orig_sig is not None:

@@ -12,8 +12,8 @@ these directly).
 They write the same contract as ``mxfp4_moe_sort`` through the torch reference, into
 scratch buffers sized for the reference's checks, then copy the common prefix into the
 caller's (upstream-sized) buffers, which always hold the written part (E >= topk).
-Expert-parallel masks and ``local_topk_ids`` are not modelled: a mask raises
-``NotImplementedError``.
+An expert mask drops the pairs of the experts it masks off (0 entries); upstream also
+renumbers the others to local ids, which is not modelled, nor is ``local_topk_ids``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from torch import Tensor
 
 #: Stand-in only: one entry per call, ("ck" | "opus", num_local_tokens is not None).
 standin_calls: list[tuple[str, bool]] = []
+#: Stand-in only: what each call was handed (copies of ``topk_ids`` and ``topk_weights``,
+#: ``num_experts``, the expert mask), in call order.
+standin_inputs: list[dict] = []
 
 
 def moe_sorting_opus_get_workspace_size(
@@ -49,8 +52,14 @@ def _sort_into(
     from sglang_amd_moe.kernels import mxfp4_moe_sort_reference
     from sglang_amd_moe.kernels._validate import max_sorted_size
 
-    if expert_mask is not None:
-        raise NotImplementedError("aiter stand-in: expert_mask is not modelled")
+    standin_inputs.append(
+        {"ids": topk_ids.clone(), "weights": topk_weights.clone(), "E": num_experts,
+         "mask": expert_mask}
+    )  # fmt: skip
+    if expert_mask is not None:  # a masked-off expert's pairs are dropped, as ids out of range
+        routed = (topk_ids >= 0) & (topk_ids < expert_mask.numel())
+        kept = routed & (expert_mask[topk_ids.clamp(0, expert_mask.numel() - 1).long()] != 0)
+        topk_ids = torch.where(kept, topk_ids, -1)
     M, topk = topk_ids.shape
     dev = topk_ids.device
     bound = max_sorted_size(M, topk, num_experts, block_size)

@@ -1,0 +1,141 @@
+"""What the aiter targets (the sort hook, the guard) share: ``aiter.fused_moe`` patched at
+once if imported, else right after it executes (``pending`` until then; aiter is never
+imported here), copies rebound, and :func:`plain_guard` for a call our kernel fails."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import logging
+import sys
+import types
+from typing import Any
+
+import torch
+
+from sglang_amd_moe.runtime.target import (
+    Gate,
+    HookStatus,
+    Target,
+    forget,
+    holds,
+    rebind_copies,
+    watching,
+    when_imported,
+)
+
+logger = logging.getLogger("sglang_amd_moe")
+
+TARGET = "aiter.fused_moe"
+
+
+Patch = collections.namedtuple("Patch", "module attr original replacement")
+
+
+def apply(plan: list[tuple[types.ModuleType, str, Any, Any]]) -> list[Patch]:
+    """Set every planned attribute, then rebind ``from ... import`` copies of the originals."""
+    applied = [Patch(*p) for p in plan]
+    for p in applied:
+        setattr(p.module, p.attr, p.replacement)
+    done = {(id(p.module), p.attr) for p in applied}
+    for _, attr, original, replacement in plan:
+        for mod, name in rebind_copies(original, replacement, name=attr, skip=done):
+            applied.append(Patch(mod, name, original, replacement))
+            done.add((id(mod), name))
+    return applied
+
+
+def our_kernels(needed: tuple[str, ...]) -> tuple[Any | None, str]:
+    """This package's kernels module, or why it cannot serve a hook that calls ``needed``."""
+    try:
+        from sglang_amd_moe import kernels as module
+    except Exception as exc:
+        return None, f"sglang_amd_moe.kernels does not import ({type(exc).__name__}: {exc})"
+    missing = [n for n in needed if not callable(getattr(module, n, None))]
+    return (None, f"sglang_amd_moe.kernels lacks {', '.join(missing)}") if missing else (module, "")
+
+
+def plain_guard(ids: torch.Tensor, weights: torch.Tensor, num_experts: int, count: Any):
+    """New ``(ids, weights)``: expert 0 and weight 0 where the id is outside ``[0,
+    num_experts)`` or the row is at or past ``count[0]``. Plain torch on the call's device,
+    no host sync (capturable), any integer count: when our kernel fails for a call, this
+    keeps the failure from handing aiter what the plugin is installed to stop."""
+    valid = (ids >= 0) & (ids < num_experts)
+    if count is not None:
+        n = count.reshape(-1)[:1].to(device=ids.device, dtype=torch.int64)
+        valid &= torch.arange(ids.shape[0], device=ids.device).unsqueeze(1) < n
+    return torch.where(valid, ids, 0), torch.where(valid, weights, 0)
+
+
+class ModuleTarget(Target):
+    """A target on ``aiter.fused_moe``: a subclass writes ``_on_loaded(module)`` and may
+    write ``_off()`` (why it is off; "" when it is not)."""
+
+    upstream = "aiter"
+    label = ""  # "aiter hook", "guard": the subject of its log lines
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches: list[Patch] = []
+
+    def _off(self) -> str:
+        return ""
+
+    def _install(self, gate: Gate) -> HookStatus:
+        off = self._off()
+        if off:
+            return self.record(self.make_status("off", None, off))
+        module = sys.modules.get(TARGET)
+        if module is None:
+            try:
+                spec = importlib.util.find_spec("aiter")
+                # A bare directory named aiter on sys.path is a namespace package (no
+                # origin); the real aiter is a regular package, which would win over it.
+                real = spec and spec.origin not in (None, "namespace")
+                why = "" if real else "aiter is not installed"
+            except Exception as exc:  # a broken sys.path entry or a half-imported aiter
+                why = f"cannot look up aiter ({type(exc).__name__}: {exc})"
+            if why:
+                text = f"{why}; {self.label} not needed"
+                return self.record(self.make_status("not-needed", None, text), level=logging.DEBUG)
+        when_imported(TARGET, self._on_import)
+        if module is None:
+            text = f"{self.label} pending: {TARGET} is patched when it is imported"
+            return self.record(self.make_status("pending", None, text), level=logging.DEBUG)
+        return self._on_loaded(module)
+
+    def _still_hooked(self) -> bool:
+        st = self._status
+        if st is not None and st.state == "pending":
+            return watching(TARGET) and TARGET not in sys.modules
+        return self.is_live()
+
+    def is_live(self) -> bool:
+        """Every wrapper of this target is in place now (possibly under others')."""
+        with self.lock:
+            return bool(self.patches) and all(
+                holds(getattr(p.module, p.attr, None), p.replacement) for p in self.patches
+            )
+
+    def _undo(self) -> None:
+        for p in reversed(self.patches):
+            if getattr(p.module, p.attr, None) is p.replacement:
+                setattr(p.module, p.attr, p.original)
+        forget(TARGET, self._on_import)
+        self.patches = []
+
+    def _on_import(self, module: types.ModuleType) -> None:
+        with self.lock:
+            try:
+                self._on_loaded(module)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - ours must not fail aiter's import
+                text = f"{self.label} failed ({type(exc).__name__}: {exc}); aiter left untouched"
+                self.record(self.make_status("error", None, text), exc_info=True)
+
+    def once(self, key: str, text: str, *, exc_info: bool = False) -> None:
+        """Log ``text`` (a WARNING) the first time ``key`` comes up in a call."""
+        if key not in self._failures:
+            self._failures.add(key)
+            logger.warning("sglang-amd-moe: %s", text, exc_info=exc_info)
