@@ -1,30 +1,29 @@
 """Run ``_post_process_topk_ids`` on a tiny CPU batch the way a HIP process runs it.
 
-A plugin that makes a correct SGLang wrong is worse than none, so before it hooks, the
-plugin observes what the installed function does with padded rows and hooks only what it
-sees wrong; then it checks that the hooked call comes out right.
-
-The function (and every module-level function of its module) is re-created over a *copy*
-of its module's globals in which the platform says HIP (``_is_hip`` and the module's HIP
-flags true, the other platforms false; every other flag, e.g. ``_is_gfx95``, as the
-process has it), the EPLB predicate answers the scenario (and counts its reads), the
-remap is a recording stand-in that rotates experts (so a second remap shows), recorders
-are silent, the MoE backend is not DeepEP, and the fused shared-expert append is a torch
-copy of upstream's kernel.
-Nothing in the module, ``sys.modules`` or another thread's view changes; the batch lives
-on the CPU. Scenarios, as a server produces them: EPLB off without dispatch info (the
-default server), EPLB off with one, EPLB on, and a fused shared expert appended (aiter)
-with EPLB off. Never raises.
+A plugin that makes a correct SGLang wrong is worse than none: before it hooks, the plugin
+observes what the installed function does with padded rows, hooks only what it sees wrong,
+then checks that the hooked call comes out right. The function (and every module-level
+function of its module) is re-created over a *copy* of its module's globals (their
+containers copied too) in which the platform says HIP, the EPLB predicate answers the
+scenario and counts its reads, the remap is a recording stand-in that rotates experts (a
+second remap shows), recorders are silent, the MoE backend is not DeepEP and the fused
+shared-expert append is a torch copy of upstream's kernel. It runs under
+:class:`~sglang_amd_moe.runtime.sglang.bounds.Bounded`: a time limit, ``torch.cuda`` out of
+reach, torch's global state and written module state put back. Scenarios, as a server
+produces them: EPLB off without dispatch info (the default server), EPLB off with one, EPLB
+on, and a fused shared expert appended (aiter) with EPLB off. Never raises.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import dataclasses
 import importlib.util
 import inspect
 import linecache
+import sys
 import time
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -32,13 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_amd_moe.runtime.sglang import names
+from sglang_amd_moe.runtime.sglang.bounds import Bounded, Deadline, ProbeAbort
 
 # The batch: 8 rows of which 5 are real, top-4 of 16 experts. Padded rows hold what a
 # router can leave there: out of range both ways and -1, with NaN weights.
 ROWS, REAL, TOPK, EXPERTS = 8, 5, 4, 16
 PAD_IDS = ((9999, -1, 16, 123456), (-1, -1, -1, -1), (16, 17, 9999, -5))
 SHIFT = 5  # the probe's placement: logical e lives at physical (e + SHIFT) % EXPERTS
-SHARED_SCALE = 2.5  # the appended shared expert's weight
 
 #: (name, EPLB on, dispatch info passed, a fused shared expert appended)
 SCENARIOS = (
@@ -54,28 +53,17 @@ class Observation:
     """One scenario's run and what it showed."""
 
     scenario: str
-    #: The output is what a correct release returns.
-    ok: bool
-    #: What was wrong, in words (empty when ``ok``).
-    findings: tuple[str, ...] = ()
-    #: ``"Type: message"`` when the call raised.
-    raised: str = ""
-    #: Padded rows' routed ids are exactly the garbage they came in with.
-    pad_ids_untouched: bool = False
-    #: Padded rows' ids are all in range (the shared expert's id included).
-    pad_ids_in_range: bool = False
-    #: Padded rows' weights are all 0.
+    ok: bool  # the output is what a correct release returns
+    findings: tuple[str, ...] = ()  # what was wrong, in words
+    raised: str = ""  # "Type: message" when the call raised
+    pad_ids_untouched: bool = False  # padded ids are exactly the garbage they came in with
+    pad_ids_in_range: bool = False  # (the shared expert's id included)
     pad_weights_zero: bool = False
-    #: Real rows' routed ids: ``as-given``, ``remapped-once``, ``remapped-twice``, ``other``.
-    real_ids: str = ""
-    #: Real rows' routed weights are bit-identical to the input.
-    real_weights_same: bool = False
-    #: Calls of the remap with the probe's dispatch info.
-    remaps: int = 0
-    #: One of those calls was handed padded ids out of range.
-    remap_read_garbage: bool = False
-    #: Reads of the EPLB predicate (or of the server's EPLB settings).
-    predicate_reads: int = 0
+    real_ids: str = ""  # as-given, remapped-once, remapped-twice or other
+    real_weights_same: bool = False  # bit-identical to the input
+    remaps: int = 0  # calls of the remap with the probe's dispatch info
+    remap_read_garbage: bool = False  # one of them was handed padded ids out of range
+    predicate_reads: int = 0  # of the EPLB predicate or of the server's EPLB settings
 
 
 @dataclass(frozen=True)
@@ -87,18 +75,18 @@ class ProbeResult:
     #: Every scenario that ran without raising came out as a correct release's, the
     #: three EPLB scenarios at least.
     correct: bool = False
-    #: The behaviour, named like the forms it matches (``fixed``, ``no-hip-handling``,
-    #: ``weights-only``, ``mask-under-eplb-guard``) or ``unknown``; "" when not run.
+    #: Named like the forms it matches (fixed, no-hip-handling, weights-only,
+    #: mask-under-eplb-guard) or unknown; "" when not run.
     behaviour: str = ""
     findings: tuple[str, ...] = ()
     observations: tuple[Observation, ...] = ()
-    #: Upstream called the remap with the probe's dispatch info in some scenario.
-    upstream_remaps: bool = False
-    #: Some code read the EPLB predicate (so the EPLB-on scenario really was one).
-    eplb_steered: bool = False
-    #: CUDA got initialised while the probe ran (the code run touched the GPU).
-    touched_cuda: bool = False
+    upstream_remaps: bool = False  # upstream called the remap with the probe's info
+    eplb_steered: bool = False  # the EPLB predicate was read (EPLB-on really was on)
+    touched_cuda: bool = False  # the code run reached torch.cuda (and was stopped)
     seconds: float = 0.0
+    calls: int = 0  # calls of upstream's function
+    #: What the code run changed and the probe put back, threads it left running.
+    side_effects: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """One line for logs and the audit."""
@@ -271,9 +259,12 @@ def _hip_namespace(
     predicates: Iterable[str],
     shared: bool,
 ) -> dict[str, Any]:
-    """A copy of ``namespace`` that says HIP, with the stand-ins, and with its own
-    copies of the module's functions bound to it."""
-    g = dict(namespace)
+    """A copy of ``namespace`` (and of its containers) that says HIP, with the stand-ins,
+    and with its own copies of the module's functions bound to it."""
+    g = {
+        k: copy.copy(v) if isinstance(v, dict | list | set) and not k.startswith("__") else v
+        for k, v in namespace.items()
+    }
     for name in (names.HIP_FLAG, *hip_flags):
         g[name] = True
     for name in names.NOT_HIP_FLAGS:
@@ -347,33 +338,34 @@ def probe(
     hip_flags: Iterable[str] = (),
     predicates: Iterable[str] = (),
     wrap: Wrap | None = None,
+    deadline: Deadline | None = None,
 ) -> ProbeResult:
     """Run ``fn`` (upstream's function, unwrapped) as a HIP process would in every
-    scenario and compare with a correct release.
+    scenario and compare with a correct release. Never raises.
 
     ``namespace``: the globals to copy (default ``fn.__globals__``). ``hip_flags``:
     module names besides ``_is_hip`` that mean HIP; ``predicates``: module functions that
     are the EPLB predicate (both from ``ledger.read``). ``wrap(upstream, env)``: what to
-    run instead of upstream, composed with it (how a hook checks its plan). Never raises.
+    run instead of upstream, composed with it (how a hook checks its plan). ``deadline``:
+    when running stops (default: the limits of ``bounds`` from now).
     """
     t0 = time.perf_counter()
+    deadline = deadline or Deadline.start()
     try:
-        return _probe(fn, namespace, tuple(hip_flags), tuple(predicates), wrap, t0)
+        return _probe(fn, namespace, tuple(hip_flags), tuple(predicates), wrap, t0, deadline)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a probe must never take its caller down
-        return ProbeResult(
-            False, f"probe failed: {type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0
-        )
+        why = f"probe failed: {type(exc).__name__}: {exc}"
+        return ProbeResult(False, why, seconds=time.perf_counter() - t0)
 
 
-def _probe(fn, namespace, hip_flags, predicates, wrap, t0) -> ProbeResult:
+def _probe(fn, namespace, hip_flags, predicates, wrap, t0, deadline) -> ProbeResult:
     import torch
 
     if not isinstance(fn, types.FunctionType):
-        return ProbeResult(
-            False, f"{names.FUNCTION_NAME} is not a plain Python function ({type(fn).__name__})"
-        )
+        kind = type(fn).__name__
+        return ProbeResult(False, f"{names.FUNCTION_NAME} is not a plain Python function ({kind})")
     namespace = fn.__globals__ if namespace is None else namespace
     try:
         params = inspect.signature(fn).parameters
@@ -384,28 +376,38 @@ def _probe(fn, namespace, hip_flags, predicates, wrap, t0) -> ProbeResult:
         return ProbeResult(False, f"the function has no parameter {', '.join(missing)}")
     if namespace.get("TopKConfig") is None:
         return ProbeResult(False, "the module has no TopKConfig")
-    cuda_before = _cuda_initialized(torch)
-    info = DispatchInfo(torch)
-    observations = []
-    for scenario, eplb, with_info, shared in SCENARIOS:
-        record = _Record(eplb)
-        standins = _standins(torch, record, info, namespace)
-        g = _hip_namespace(namespace, standins, hip_flags, predicates, shared)
-        target = rebind(fn, g)
-        if wrap is not None:
-            env = ProbeEnv(lambda: True, standins[names.REMAP_PREDICATES[0]], standins[names.REMAP])
-            target = wrap(target, env)
-        run = _Run(torch, scenario, record, info if with_info else None, shared)
-        observations.append(run.call(target, params, namespace))
-    touched = not cuda_before and _cuda_initialized(torch)
-    return _judge(observations, touched, time.perf_counter() - t0)
-
-
-def _cuda_initialized(torch: Any) -> bool:
-    try:
-        return bool(torch.cuda.is_initialized())
-    except Exception:
-        return False
+    home = sys.modules.get(namespace.get("__name__", ""))
+    watched = [v for v in namespace.values() if isinstance(v, types.ModuleType)]
+    observations: list[Observation] = []
+    calls = 0
+    with Bounded(deadline, [home, *watched] if home else watched) as bounds:
+        info = DispatchInfo(torch)
+        for scenario, eplb, with_info, shared in SCENARIOS:
+            record = _Record(eplb)
+            standins = _standins(torch, record, info, namespace)
+            g = _hip_namespace(namespace, standins, hip_flags, predicates, shared)
+            target = rebind(fn, g)
+            if wrap is not None:
+                pred, remap = standins[names.REMAP_PREDICATES[0]], standins[names.REMAP]
+                target = wrap(target, ProbeEnv(lambda: True, pred, remap))
+            run = _Run(torch, scenario, record, info if with_info else None, shared)
+            calls += 1
+            observations.append(run.call(target, params, namespace))
+    seconds = time.perf_counter() - t0
+    effects = (
+        *bounds.written,
+        *(f"torch's {k} (put back)" for k in bounds.restored),
+        *(f"thread {t} started and still running" for t in bounds.threads),
+    )
+    common = {"seconds": seconds, "calls": calls, "side_effects": effects}
+    took = f"after {calls} upstream calls in {seconds * 1e3:.0f} ms"
+    if bounds.why:
+        why = f"stopped {took}: {bounds.why}"
+        return ProbeResult(False, why, touched_cuda=bounds.reached_cuda, **common)
+    if bounds.kept:
+        why = f"the code run wrote what cannot be put back: {', '.join(bounds.kept)}"
+        return ProbeResult(False, why, **common)
+    return dataclasses.replace(_judge(observations, seconds), calls=calls, side_effects=effects)
 
 
 def _config(namespace: Mapping[str, Any], shared: bool) -> Any:
@@ -443,7 +445,7 @@ class _Run:
         if "topk_config" in params:
             try:
                 kwargs["topk_config"] = _config(namespace, self.shared)
-            except Exception as exc:  # noqa: BLE001 - no shared-expert config here
+            except Exception as exc:  # no shared-expert config here
                 return self._raised(exc)
         if "router_logits" in params:
             gen = torch.Generator().manual_seed(7)
@@ -453,7 +455,7 @@ class _Run:
         try:
             out = target(**kwargs)
             return self._observe(out[0], out[1])
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, ProbeAbort):
             raise
         except BaseException as exc:  # noqa: BLE001 - what upstream raised is an observation
             return self._raised(exc)
@@ -525,18 +527,15 @@ class _Run:
         )
 
 
-def _judge(obs: list[Observation], touched: bool, seconds: float) -> ProbeResult:
+def _judge(obs: list[Observation], seconds: float) -> ProbeResult:
     eplb = obs[:3]  # the three EPLB scenarios; obs[3] is the shared-expert one
     on = eplb[2]
     counted = [o for o in obs if o in eplb or not o.raised]
     findings = tuple(f for o in counted for f in o.findings)
-    if touched:
-        findings += ("the code run initialised CUDA",)
     common = {
         "observations": tuple(obs),
         "upstream_remaps": any(o.remaps for o in obs),
         "eplb_steered": on.predicate_reads > 0,
-        "touched_cuda": touched,
         "seconds": seconds,
     }
     if any(o.raised for o in eplb):
