@@ -38,12 +38,8 @@ STATES: tuple[str, ...] = ("live", "pending", "not-needed", "off", "refused", "e
 
 #: The level each state's line is logged at (a target may ask for another one).
 LEVELS: dict[str, int] = {
-    "live": logging.INFO,
-    "pending": logging.INFO,
-    "not-needed": logging.INFO,
-    "off": logging.INFO,
-    "refused": logging.WARNING,
-    "error": logging.WARNING,
+    **dict.fromkeys(STATES, logging.INFO),
+    **dict.fromkeys(("refused", "error"), logging.WARNING),
 }
 
 #: ``(allowed, why)``: the plugin's gate (``env.gate()``, after ``SGLANG_AMD_MOE_DISABLE``).
@@ -98,8 +94,6 @@ class Target:
         self._failures: set[str] = set()
         _TARGETS.add(self)
 
-    # --- what a target writes ----------------------------------------------------------
-
     def _install(self, gate: Gate) -> HookStatus:
         raise NotImplementedError
 
@@ -113,8 +107,6 @@ class Target:
     def _still_hooked(self) -> bool:
         """A ``live``/``pending`` status still holds (then install() does nothing)."""
         return self.is_live()
-
-    # --- the skeleton ------------------------------------------------------------------
 
     def install(self, gate: Gate | None = None) -> HookStatus:
         """Decide from the installed code and hook it if it needs it. Never raises;
@@ -188,9 +180,6 @@ def _new_locks_in_child() -> None:
 os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
-# --- wrapper chains --------------------------------------------------------------------
-
-
 def mark(wrapper: Any, original: Any) -> Any:
     """Set :data:`MARK` on ``wrapper`` (to ``original``, which a ``__wrapped__`` it sets
     must equal) and return it."""
@@ -260,8 +249,6 @@ def rebind_copies(
             continue
     return rebound
 
-
-# --- import-time patching --------------------------------------------------------------
 
 _WATCHED: dict[str, list[Callable[[types.ModuleType], None]]] = {}
 _busy = threading.local()

@@ -1,33 +1,28 @@
 """Limits for running upstream code inside a server process while the plugin decides.
 
-The probe runs SGLang's function in every process that hooks it, so that code must not hang
-the process, start CUDA before a scheduler has chosen its GPU, or leave anything changed.
-:class:`Bounded` (a context manager) gives one run:
+The probe runs SGLang's function in every process that hooks it: that code must not hang
+the process, start CUDA before a scheduler chose its GPU, or leave anything changed.
+:class:`Bounded` gives one run
 
-- a :class:`Deadline`: :data:`CPU_SECONDS` of this thread's CPU time and
-  :data:`WALL_SECONDS` of wall time (a loaded machine stretches wall time, not the work
-  done). A trace function (``sys.settrace``) checks both on every call and line of Python
-  code run in this thread; in the main thread an interval timer (``SIGALRM``, only when
-  nobody else uses it) also interrupts blocking calls such as ``time.sleep`` at the wall
-  deadline. Both raise :class:`ProbeAbort`, a ``BaseException``, which upstream's ``except
-  Exception`` does not swallow;
-- ``torch.cuda`` out of reach: the trace function stops any call of a function of that
-  package (its lazy initialisation, which tensor code calls, included);
-- torch's global state (default dtype and device, grad mode, CPU RNG state, thread count,
-  deterministic algorithms) saved and put back;
-- module state watched: every module whose code runs (the standard library, torch, Triton
-  and this package aside) has its namespace and its containers (dict, list, set, deque,
-  bytearray, the size of an ``lru_cache``) saved before; what the run changed is put back
-  and named in :attr:`Bounded.written` (:attr:`Bounded.kept` where it cannot be);
-- threads it started and left running, named in :attr:`Bounded.threads` (not stopped).
+- a :class:`Deadline` (CPU time of this thread, and wall time: a loaded machine stretches
+  the one, not the other): a trace function (``sys.settrace``) checks it on every call and
+  line of Python code in this thread; in the main thread an interval timer (``SIGALRM``,
+  when nobody else uses it) also interrupts blocking calls such as ``time.sleep``. Both
+  raise :class:`ProbeAbort`, which upstream's ``except Exception`` does not catch;
+- ``torch.cuda`` out of reach: the trace function stops a call of any of its functions
+  (its lazy initialisation, which tensor code calls too, included);
+- torch's global settings put back (:data:`_TORCH_STATE`);
+- the namespace and containers (dict, list, set, deque, bytearray, an empty
+  ``lru_cache``) of every module whose code runs (torch, Triton, the standard library and
+  this package aside) saved before and put back after, named in ``written``; an
+  ``lru_cache`` that held entries cannot be put back (named in ``kept``);
+- threads it started and left running named in ``threads`` (not stopped).
 
-What it cannot do, plainly: a C call that blocks or loops without returning to Python (a
-sleep or lock wait in a thread other than the main one, a stuck driver call) runs to its
-end, and the time it took is reported, not bounded. Code that catches ``BaseException`` and
-goes on looping stops the trace function (Python turns tracing off after the trace function
-raises) but not the timer, which exists only in the main thread. Containers are compared
-one level deep (a write into a nested object or a class attribute goes unseen), and an
-``lru_cache`` that held entries before cannot be put back (it is named, the probe refused).
+What it cannot do: a C call that blocks or loops without returning to Python (a sleep or a
+lock wait outside the main thread, a stuck driver call) runs to its end, and the time is
+reported, not bounded; code that catches ``BaseException`` and loops on turns the trace
+function off (Python does after it raises) but not the timer; containers are compared one
+level deep (a nested object or a class attribute written goes unseen).
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ from __future__ import annotations
 import collections
 import copy
 import functools
+import operator
 import os
 import signal
 import sys
@@ -45,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-#: What one decision may spend running upstream code (every probe it makes, together).
+#: What one decision may spend running upstream code (all its probes together).
 CPU_SECONDS, WALL_SECONDS = 0.25, 1.0
 _CONTAINERS = (dict, list, set, bytearray, collections.deque)
 _UNWATCHED = frozenset({"torch", "triton", "sglang_amd_moe", "numpy", "__main__"})
@@ -72,27 +68,31 @@ class ProbeAbort(BaseException):
     upstream's code lets it through)."""
 
 
-def _torch_state(torch: Any) -> dict[str, Any]:
-    state = {
-        "default dtype": torch.get_default_dtype(),
-        "grad mode": torch.is_grad_enabled(),
-        "thread count": torch.get_num_threads(),
-        "RNG state": torch.random.get_rng_state(),
-        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-    }
-    if hasattr(torch, "get_default_device"):
-        state["default device"] = torch.get_default_device()
-    return state
-
-
-_SETTERS = {
-    "default dtype": lambda torch, v: torch.set_default_dtype(v),
-    "grad mode": lambda torch, v: torch.set_grad_enabled(v),
-    "thread count": lambda torch, v: torch.set_num_threads(v),
-    "RNG state": lambda torch, v: torch.random.set_rng_state(v),
-    "deterministic algorithms": lambda torch, v: torch.use_deterministic_algorithms(v),
-    "default device": lambda torch, v: torch.set_default_device(v),
+#: torch's global settings a run may change: name -> (getter, setter) under ``torch``.
+_TORCH_STATE = {
+    "default dtype": ("get_default_dtype", "set_default_dtype"),
+    "default device": ("get_default_device", "set_default_device"),
+    "grad mode": ("is_grad_enabled", "set_grad_enabled"),
+    "thread count": ("get_num_threads", "set_num_threads"),
+    "RNG state": ("random.get_rng_state", "random.set_rng_state"),
+    "deterministic algorithms": (
+        "are_deterministic_algorithms_enabled",
+        "use_deterministic_algorithms",
+    ),
 }
+
+
+def _torch_state(torch: Any) -> dict[str, Any]:
+    getters = {k: operator.attrgetter(get) for k, (get, _) in _TORCH_STATE.items()}
+    return {k: get(torch)() for k, get in getters.items() if _has(torch, _TORCH_STATE[k][0])}
+
+
+def _has(torch: Any, path: str) -> bool:
+    try:
+        operator.attrgetter(path)(torch)
+        return True
+    except AttributeError:  # an older torch (get_default_device is new in 2.3)
+        return False
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -105,26 +105,22 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class Bounded:
-    """One bounded run (see the module docstring). ``modules``: watched from the start
-    (others are watched from their first call)."""
+    """One bounded run. ``modules``: watched from the start (others from their first call)."""
 
     def __init__(self, deadline: Deadline, modules: Iterable[types.ModuleType] = ()) -> None:
         import torch
 
         self.torch, self.deadline = torch, deadline
-        self.why = ""  # why the run was stopped ("" when it was not)
-        self.reached_cuda = False
-        self.restored: list[str] = []  # torch settings the run changed, put back
-        self.written: list[str] = []  # module state the run changed, put back
-        self.kept: list[str] = []  # module state the run changed that cannot be put back
-        self.threads: list[str] = []  # threads it started that still run
+        self.why, self.reached_cuda = "", False  # why the run was stopped ("": it was not)
+        self.restored: list[str] = []  # torch settings put back
+        self.written: list[str] = []  # module state put back
+        self.kept: list[str] = []  # module state that cannot be put back
+        self.threads: list[str] = []
         self._cuda = os.path.dirname(torch.cuda.__file__) + os.sep
         self._saved: dict[str, tuple[types.ModuleType, dict, dict]] = {}
         self._active, self._timer = False, False
         for module in modules:
             self._watch(module)
-
-    # --- watching modules ------------------------------------------------------------
 
     def _watch(self, module: types.ModuleType) -> None:
         name = getattr(module, "__name__", "")
@@ -132,15 +128,14 @@ class Bounded:
         if name in self._saved or top in _UNWATCHED or top in sys.stdlib_module_names:
             return
         try:
-            namespace = dict(vars(module))
-        except TypeError:
+            namespace, inner = dict(vars(module)), {}
+            for key, value in namespace.items():
+                if isinstance(value, _CONTAINERS) and not key.startswith("__"):
+                    inner[key] = copy.copy(value)
+                elif isinstance(value, functools._lru_cache_wrapper):
+                    inner[key] = value.cache_info().currsize
+        except Exception:  # an exotic module: not watched (a failure must not reach upstream)
             return
-        inner: dict[str, Any] = {}
-        for key, value in namespace.items():
-            if isinstance(value, _CONTAINERS) and not key.startswith("__"):
-                inner[key] = copy.copy(value)
-            elif isinstance(value, functools._lru_cache_wrapper):
-                inner[key] = value.cache_info().currsize
         self._saved[name] = (module, namespace, inner)
 
     def _compare(self) -> None:
@@ -166,8 +161,6 @@ class Bounded:
                     else:
                         value.cache_clear()
                         self.written.append(f"{name}.{key} (an lru_cache; cleared)")
-
-    # --- the run ---------------------------------------------------------------------
 
     def _abort(self, why: str) -> None:
         self.why = self.why or why
@@ -217,9 +210,8 @@ class Bounded:
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
         now = _torch_state(self.torch)
         for key, value in self._state.items():
-            changed = now[key] is not value and not _equal(self.torch, now[key], value)
-            if changed:
-                _SETTERS[key](self.torch, value)
+            if now[key] is not value and not _equal(self.torch, now[key], value):
+                operator.attrgetter(_TORCH_STATE[key][1])(self.torch)(value)
                 self.restored.append(key)
         self._compare()
         self.threads = [

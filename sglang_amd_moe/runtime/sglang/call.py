@@ -2,19 +2,16 @@
 each HIP call, as its plan says (the live wrapper and the probe's check of a plan run it).
 
 It fails safe: padded rows leave a hooked call with id 0 and weight 0, or the call raises.
-When the mask kernel cannot run for a call (a count dtype it refuses, tensors sharing
-memory, a compile or allocation error, Triton's interpreter entered from two threads),
-:func:`mask_fallback_` does the same with a few torch ops on the call's device, reading the
-count there (no host sync, so a CUDA graph captures it like the kernel); the first fallback
-for each reason is logged with its traceback. Upstream never gets the padded rows the plan
-was to mask.
+Where the mask kernel cannot run (a count dtype it refuses, tensors sharing memory, a
+compile or allocation error, Triton's interpreter entered from two threads),
+:func:`mask_fallback_` does the same with torch ops on the call's device (the first
+fallback per reason logged): upstream never gets the padded rows the plan was to mask.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
 import re
 import sys
 import types
@@ -33,24 +30,18 @@ from sglang_amd_moe.runtime.sglang.names import (
 )
 from sglang_amd_moe.runtime.sglang.probe import ProbeEnv
 
-logger = logging.getLogger("sglang_amd_moe")
-
 
 @dataclass(frozen=True)
 class Plan:
     """What the hook does around each HIP call (decided once, at install)."""
 
-    #: Fill padded ids with 0 and zero their weights before upstream.
-    pre_mask: bool
+    pre_mask: bool  # padded ids 0 and weights 0 before upstream
     #: Who remaps logical to physical ids: "upstream", "add" (the hook, before upstream,
     #: which keeps the dispatch info) or "own" (the hook; upstream gets no dispatch info).
     remap: str
-    #: Re-mask after upstream when it returned new tensors (a shared-expert append).
-    tail_mask: bool
-    #: Re-mask after upstream on every call (upstream writes bad padded ids itself).
-    post_mask: bool = False
-    #: ``SGLANG_AMD_MOE_VERIFY=1``: check padded rows after every call (raises).
-    verify: bool = False
+    tail_mask: bool  # mask again when upstream returned new tensors (a shared-expert append)
+    post_mask: bool = False  # mask again after upstream on every call
+    verify: bool = False  # SGLANG_AMD_MOE_VERIFY=1: check padded rows after every call
 
     def describe(self, form: str) -> str:
         """The action, in the words the audit and the log line use."""
@@ -63,10 +54,8 @@ class Plan:
             "add": "gated EPLB remap added before upstream",
             "own": "the EPLB remap owned by the hook (upstream gets no dispatch info)",
         }[self.remap]
-        if self.post_mask:
-            tail = ", mask padded rows again after upstream"
-        else:
-            tail = ", re-zero after a shared-expert append" if self.tail_mask else ""
+        tail = ", re-zero after a shared-expert append" if self.tail_mask else ""
+        tail = ", mask padded rows again after upstream" if self.post_mask else tail
         return (
             f"hooked (mask padded ids to 0 and zero their weights before upstream, {remap}{tail})"
         )
@@ -80,9 +69,6 @@ STANDARD_PLANS: dict[str, Plan] = {
 }
 
 
-# --- the call --------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Call:
     """What the wrapper reads on every call (one object, swapped atomically)."""
@@ -94,8 +80,7 @@ class Call:
     mask: Callable[..., None]
     hip_flags: tuple[str, ...]
     predicates: tuple[str, ...]
-    #: ``(what, text)``: a failure inside a hooked call (the hook logs it once).
-    on_failure: Callable[[str, str], None]
+    on_failure: Callable[[str, str], None]  # (what, text): the hook logs it once per what
 
 
 def make_call(plan, mod, live, mask, hip_flags, predicates, on_failure) -> Call:
@@ -120,11 +105,9 @@ def remap_enabled(mod: types.ModuleType | None = None, predicates: tuple[str, ..
             return bool(fn())
     try:
         from sglang.srt.server_args import get_global_server_args
-    except ImportError:
-        return False
-    try:
+
         args = get_global_server_args()
-    except ValueError:  # not set: not inside a server
+    except (ImportError, ValueError):  # no SGLang, or not inside a server
         return False
     except RuntimeError:  # retired accessor (newer SGLang): read the published bag
         try:
@@ -133,9 +116,7 @@ def remap_enabled(mod: types.ModuleType | None = None, predicates: tuple[str, ..
             args = get_exec().moe
         except Exception:
             return False
-    if args is None:
-        return False
-    return bool(
+    return args is not None and bool(
         getattr(args, "enable_eplb", False)
         or getattr(args, "init_expert_location", "trivial") != "trivial"
         or (getattr(args, "ep_num_redundant_experts", 0) or 0) > 0
@@ -287,20 +268,18 @@ def _verify(call: Call, out: Any, n: Any, args: tuple, kwargs: dict) -> None:
     pad_ids, pad_w = out_ids[count:], out_weights[count:]
     if pad_ids.numel() == 0:
         return
-    logits = _get(call, "router_logits", args, kwargs)
-    info = _get(call, INFO, args, kwargs)
-    cfg = _get(call, "topk_config", args, kwargs)
-    layer = _get(call, "layer_id", args, kwargs)
-    num = int(logits.shape[-1]) if logits is not None else 0
-    if info is not None:
-        num = max(num, int(getattr(info, "num_physical_experts", 0) or 0))
-    shared = 0
-    for name in ("num_fused_shared_experts", "num_shared_topk_slots"):
-        shared = max(shared, int(getattr(cfg, name, 0) or 0))
-    bound: int | None = num + shared
-    if bound == 0:  # no router logits and no dispatch info: nothing to check ids against
-        logger.debug("sglang-amd-moe VERIFY: no expert count known for layer %s", layer)
-        bound = None
+    logits, info, cfg, layer = (
+        _get(call, name, args, kwargs)
+        for name in ("router_logits", INFO, "topk_config", "layer_id")
+    )
+    num = max(
+        int(logits.shape[-1]) if logits is not None else 0,
+        int(getattr(info, "num_physical_experts", 0) or 0),
+    )
+    shared = max(
+        int(getattr(cfg, k, 0) or 0) for k in ("num_fused_shared_experts", "num_shared_topk_slots")
+    )
+    bound = (num + shared) or None  # None: no expert count known to check ids against
     lo, hi = int(pad_ids.min().item()), int(pad_ids.max().item())
     nonzero = int((pad_w != 0).sum().item())
     if lo < 0 or (bound is not None and hi >= bound) or nonzero:
