@@ -1,28 +1,24 @@
-"""Environment switches and the one gate both hooks sit behind (all prefixed ``SGLANG_AMD_MOE_``).
+"""Environment switches (all ``SGLANG_AMD_MOE_*``, read at call time) and the one gate both
+hooks sit behind.
 
-Read at call time, not import time, so a test or a launcher can set them after this
-package was imported.
-
-The gate (:func:`gate`) is the single place that decides whether this process may hook
-anything at all: the plugin's entry points ask it once and pass the answer to every hook.
-It opens only when ``SGLANG_AMD_MOE_DISABLE`` is not set and
-
-- torch is a ROCm build (``torch.version.hip``), or ``SGLANG_AMD_MOE_FORCE=1``; and
-- the installed Triton (the ``triton`` module, which ROCm torch brings as the
-  distribution ``pytorch-triton-rocm`` and CUDA torch as ``triton``) is at least
-  :data:`MIN_TRITON`: this package's sort kernel uses ``tl.gather``, new in Triton 3.3.
-
-Triton is checked without importing it (its ``__version__`` is read from the file), so a
-closed gate costs no kernel import.
+The gate (:func:`gate`), asked once per process by the entry points, opens only when
+``SGLANG_AMD_MOE_DISABLE`` is not set, torch is a ROCm build (``torch.version.hip``) or
+``SGLANG_AMD_MOE_FORCE=1``, and the installed Triton (the ``triton`` module: ROCm torch
+brings it as ``pytorch-triton-rocm``, CUDA torch as ``triton``) is at least
+:data:`MIN_TRITON` (the sort kernel uses ``tl.gather``, new in Triton 3.3). Neither torch
+nor Triton is imported to decide: where they are not imported yet, their versions are read
+from their files (importing torch takes seconds).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
 import os
 import re
 import sys
+from pathlib import Path
 
 PREFIX = "SGLANG_AMD_MOE_"
 _TRUE = {"1", "true", "yes", "on"}
@@ -32,6 +28,7 @@ MIN_TRITON: tuple[int, int] = (3, 3)
 # Distributions that install the module `triton` (read when its file names no version).
 _TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-rocm")
 _VERSION_ASSIGNMENT = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
+_HIP_ASSIGNMENT = re.compile(r"^hip\s*(?::[^=\n]*)?=\s*(.+?)\s*$", re.M)
 
 
 def flag(name: str) -> bool:
@@ -59,8 +56,42 @@ def verify() -> bool:
     return flag("VERIFY")
 
 
+def strict() -> bool:
+    """``SGLANG_AMD_MOE_STRICT=1``: hook only code the plugin knows (released or patched
+    forms); anything else is left to upstream."""
+    return flag("STRICT")
+
+
+def _origin(package: str) -> Path | None:
+    """``package/__init__.py`` of an importable top-level package, without importing it
+    (None: none, a namespace package, or one blocked with ``sys.modules[name] = None``)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin in (None, "namespace"):
+        return None
+    return Path(spec.origin)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def on_rocm() -> bool:
     """True when the installed torch is a ROCm build (``torch.version.hip``)."""
+    if "torch" not in sys.modules:
+        origin = _origin("torch")
+        text = _read(origin.with_name("version.py")) if origin is not None else None
+        match = _HIP_ASSIGNMENT.search(text or "")
+        if origin is None or match:
+            try:
+                return bool(origin and ast.literal_eval(match.group(1)))
+            except (ValueError, SyntaxError):
+                pass  # not a literal: ask torch itself
     try:
         import torch
     except Exception:  # no torch: certainly not a ROCm SGLang process
@@ -80,18 +111,10 @@ def triton_version() -> str | None:
             return None
         version = getattr(mod, "__version__", None)
         return version if isinstance(version, str) else ""
-    try:
-        spec = importlib.util.find_spec("triton")
-    except (ImportError, ValueError):
+    origin = _origin("triton")
+    if origin is None:
         return None
-    # A bare directory named triton on sys.path is a namespace package, not Triton.
-    if spec is None or spec.origin in (None, "namespace"):
-        return None
-    try:
-        with open(spec.origin, encoding="utf-8") as fh:
-            match = _VERSION_ASSIGNMENT.search(fh.read())
-    except (OSError, UnicodeDecodeError):
-        match = None
+    match = _VERSION_ASSIGNMENT.search(_read(origin) or "")
     if match:
         return match.group(1)
     for dist in _TRITON_DISTRIBUTIONS:
@@ -109,10 +132,8 @@ def parse_version(version: str) -> tuple[int, int] | None:
 
 
 def triton_problem(version: str | None = None) -> str:
-    """Why the installed Triton cannot run this package's kernels ("" when it can).
-
-    ``version``: the version to judge (default: :func:`triton_version`'s answer).
-    """
+    """Why the installed Triton (or ``version``) cannot run this package's kernels ("" when
+    it can)."""
     if version is None:
         version = triton_version()
     need = ".".join(map(str, MIN_TRITON))
@@ -147,6 +168,4 @@ def gate() -> tuple[bool, str]:
     else:
         return False, "not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it)"
     problem = triton_problem()
-    if problem:
-        return False, problem
-    return True, platform
+    return (False, problem) if problem else (True, platform)

@@ -1,23 +1,20 @@
 """Plugin entry points: SGLang's ``sglang.srt.plugins`` and vLLM's ``vllm.general_plugins``.
 
 ``register()`` runs once in every SGLang process (launcher, scheduler, DP controller,
-detokenizer), called by ``sglang.srt.plugins.load_plugins()``. It must never take a
-server down: every failure while detecting or hooking, whatever upstream raises
-(``SystemExit`` from an import included; only ``KeyboardInterrupt`` passes through), is
-logged and leaves upstream untouched, so the plugins after this one still load.
-
-It makes the package's log line visible (:func:`_make_log_visible`), applies the gate
-once (``SGLANG_AMD_MOE_DISABLE=1``, then :func:`sglang_amd_moe.runtime.env.gate`: ROCm
-torch or ``SGLANG_AMD_MOE_FORCE=1``, and a Triton the kernels run on) and installs each
-target with it: the SGLang hook (``register`` only), then the aiter hook. A closed gate
-is one line for all of them. Calls are serialised by a lock, so threads calling it at
-once hook once. SGLang's own ``SGLANG_PLUGINS`` whitelist decides whether it runs at all.
+detokenizer), called by ``sglang.srt.plugins.load_plugins()``. It never takes a server down:
+every failure while detecting or hooking, whatever upstream raises (only ``KeyboardInterrupt``
+passes), is logged and leaves upstream untouched, so the plugins after this one still load.
+It makes the package's log line visible, applies the gate once (``env.gate``) and installs
+each target with it: the SGLang hook (``register`` only), then the aiter hook; a closed gate
+is one line for all. Calls are serialised by a lock (made anew in a forked child), so
+threads calling it at once hook once.
 """
 
 from __future__ import annotations
 
 import builtins
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +24,14 @@ from sglang_amd_moe.runtime import env
 logger = logging.getLogger("sglang_amd_moe")
 
 _LOCK = threading.RLock()
+
+
+def _new_lock_in_child() -> None:
+    global _LOCK
+    _LOCK = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 _FORMAT = "[%(asctime)s %(process)d] %(name)s %(levelname)s: %(message)s"
 
 
@@ -52,19 +57,12 @@ class _WhenNobodyElsePrints(logging.Filter):
 def _make_log_visible() -> None:
     """Make this package's INFO line reach the process's log exactly once.
 
-    SGLang calls ``load_plugins()`` in each process before it configures logging. Two
-    situations follow, depending on the release and the process: the root logger has no
-    handler yet (Python's last-resort handler prints WARNING and above only), or a module
-    import already called ``logging.basicConfig()`` (SGLang 0.5.23's scheduler does, via
-    ``configure_hf_hub_logger``), which leaves the root at WARNING, so an INFO record of a
-    logger without a level of its own is dropped before any handler sees it.
-
-    So: this package's logger gets level INFO unless someone set its level already (or
-    the process lets INFO through anyway), and
-    it gets one stderr handler that prints a record only when no other handler on the
-    record's way to the root would (no root handler yet, or only handlers above the
-    record's level). Once SGLang (or anyone) configures a handler, records reach it and
-    ours stays silent: nothing prints twice.
+    SGLang calls ``load_plugins()`` before it configures logging: the root logger has no
+    handler yet (Python's last resort prints WARNING and up only), or an import already
+    called ``logging.basicConfig()`` (0.5.23's scheduler), leaving the root at WARNING. So
+    this logger gets level INFO unless someone set one, and one stderr handler that prints a
+    record only when no other handler on its way to the root would: once SGLang (or anyone)
+    configures a handler, records reach it and ours stays silent.
     """
     if logger.level == logging.NOTSET and logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)

@@ -1,24 +1,25 @@
 """The skeleton every hook of this package is built on (after OpenTelemetry's
 ``BaseInstrumentor``).
 
-Contract: a target subclasses :class:`Target`, names itself (``name``) and writes
-``_install(gate)`` (read the installed code, decide, apply; return the
-:class:`HookStatus`), ``is_live()`` and ``_undo()``. The base serialises calls under one
-lock, keeps the last status, logs one line per change of state, turns any exception into
-an ``error`` status (only ``KeyboardInterrupt`` passes), and makes ``install`` idempotent.
-
-Shared helpers: :func:`mark`/:func:`find_marked`/:func:`holds` walk wrapper chains,
-:func:`rebind_copies` rebinds ``from m import f`` copies, :func:`when_imported` runs a
-callback right after a module executes (one ``sys.meta_path`` finder for every target).
+A target subclasses :class:`Target`, names itself (``name``) and writes ``_install(gate)``
+(read the installed code, decide, apply; return the :class:`HookStatus`), ``is_live()`` and
+``_undo()``. The base serialises calls under one lock (made anew in a forked child, where
+the thread that held it does not exist), keeps the last status, logs one line per change of
+state, turns any exception into an ``error`` status (only ``KeyboardInterrupt`` passes) and
+makes ``install`` idempotent. Helpers: :func:`mark`/:func:`find_marked`/:func:`holds` walk
+wrapper chains, :func:`rebind_copies` rebinds ``from m import f`` copies,
+:func:`when_imported` runs a callback right after a module executes.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import logging
+import os
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,19 +31,15 @@ logger = logging.getLogger("sglang_amd_moe")
 #: Attribute set on every wrapper this package installs: the wrapped original.
 MARK = "__sglang_amd_moe_original__"
 
-#: live: in place. pending: registered, applied later (SGLang: by ``load_plugins()``;
-#: aiter: when ``aiter.fused_moe`` is imported). not-needed: the installed code is right.
-#: off: disabled or gated off. refused: upstream left alone on purpose. error: a failure.
+#: live: in place. pending: applied later (by ``load_plugins()``, or when the hooked module
+#: is imported). not-needed: the installed code is right. off: disabled or gated off.
+#: refused: upstream left alone on purpose. error: a failure.
 STATES: tuple[str, ...] = ("live", "pending", "not-needed", "off", "refused", "error")
 
 #: The level each state's line is logged at (a target may ask for another one).
 LEVELS: dict[str, int] = {
-    "live": logging.INFO,
-    "pending": logging.INFO,
-    "not-needed": logging.INFO,
-    "off": logging.INFO,
-    "refused": logging.WARNING,
-    "error": logging.WARNING,
+    **dict.fromkeys(STATES, logging.INFO),
+    **dict.fromkeys(("refused", "error"), logging.WARNING),
 }
 
 #: ``(allowed, why)``: the plugin's gate (``env.gate()``, after ``SGLANG_AMD_MOE_DISABLE``).
@@ -95,8 +92,7 @@ class Target:
         self.lock = threading.RLock()
         self._status: HookStatus | None = None
         self._failures: set[str] = set()
-
-    # --- what a target writes ----------------------------------------------------------
+        _TARGETS.add(self)
 
     def _install(self, gate: Gate) -> HookStatus:
         raise NotImplementedError
@@ -111,8 +107,6 @@ class Target:
     def _still_hooked(self) -> bool:
         """A ``live``/``pending`` status still holds (then install() does nothing)."""
         return self.is_live()
-
-    # --- the skeleton ------------------------------------------------------------------
 
     def install(self, gate: Gate | None = None) -> HookStatus:
         """Decide from the installed code and hook it if it needs it. Never raises;
@@ -174,7 +168,16 @@ class Target:
         logger.exception("sglang-amd-moe: %s", text)
 
 
-# --- wrapper chains --------------------------------------------------------------------
+_TARGETS: weakref.WeakSet[Target] = weakref.WeakSet()
+
+
+def _new_locks_in_child() -> None:
+    """A forked child has only the forking thread: a lock another thread held stays held."""
+    for target in list(_TARGETS):
+        target.lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
 def mark(wrapper: Any, original: Any) -> Any:
@@ -246,8 +249,6 @@ def rebind_copies(
             continue
     return rebound
 
-
-# --- import-time patching --------------------------------------------------------------
 
 _WATCHED: dict[str, list[Callable[[types.ModuleType], None]]] = {}
 _busy = threading.local()

@@ -336,7 +336,9 @@ IMPORT_RAISES = textwrap.dedent(
     sys.meta_path.insert(0, Finder())
     logging.basicConfig(level=logging.INFO, format="LOG %(name)s: %(message)s")
     from sglang.srt.plugins import load_plugins
-    load_plugins()
+    load_plugins()  # topk not imported: the plugin defers, imports nothing
+    from sglang_amd_moe.runtime.sglang import hook
+    print(hook.preview().status.message, file=sys.stderr)  # the audit's question imports topk
     print("SURVIVED", "sglang.srt.layers.moe.topk" in sys.modules, flush=True)
     """
 )
@@ -362,10 +364,13 @@ def test_threads_registering_at_once_wrap_once() -> None:
     assert out.returncode == 0 and found, out.stdout[-2000:] + out.stderr[-3000:]
     r = json.loads(found[-1][len("RESULT ") :])
     assert r["errors"] == []
-    # One wrapper (SGLang's HookRegistry's, around our hook) and one line.
+    # One wrapper (ours, put in place when topk was imported) and one line per decision:
+    # deferred at load (topk not imported), applied at the import.
     assert r["layers"] == 1, f"{r['layers']} wrappers around _post_process_topk_ids"
     assert r["innermost"].endswith("sglang/srt/layers/moe/topk.py")
-    assert len(r["lines"]) == 1, r["lines"]
+    assert len(r["lines"]) == 2, r["lines"]
+    assert r["lines"][0].endswith("when sglang.srt.layers.moe.topk is imported"), r["lines"]
+    assert "applied when sglang.srt.layers.moe.topk was imported" in r["lines"][1], r["lines"]
 
 
 @pytest.mark.sglang
@@ -375,6 +380,7 @@ def test_system_exit_while_importing_topk_is_caught() -> None:
     assert "SURVIVED False" in out.stdout  # load_plugins() returned; topk stays unimported
     assert "Executed general plugin: sglang_amd_moe" in out.stderr  # SGLang went on
     assert "SystemExit" in out.stderr and "SGLang left untouched" in out.stderr
+    assert "when sglang.srt.layers.moe.topk is imported" in out.stderr  # deferred at load
 
 
 @pytest.mark.sglang

@@ -131,10 +131,12 @@ def test_variant(variant: Variant, variant_results: dict) -> None:
     assert r["load_raised"] is None
     st = r["status"]
     assert st is not None and st["state"] == exp.state, st
-    assert len(r["summary_lines"]) == 1, r["summary_lines"]
+    # One line at load; a body not known as fixed is decided at topk's import: a second.
+    deferred = exp.classifier != "fixed" and not exp.import_fails
+    assert len(r["summary_lines"]) == (2 if deferred else 1), r["summary_lines"]
     if exp.import_fails:
         assert "import_error" in r
-        assert "cannot import sglang.srt.layers.moe.topk" in st["message"]
+        assert st["message"].endswith("when sglang.srt.layers.moe.topk is imported")
         return
     assert r["probe"]["behaviour"] == (exp.probe or ""), r["probe"]
     plan = r["plan"] or {}

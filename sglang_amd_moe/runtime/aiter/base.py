@@ -9,9 +9,7 @@ import importlib.util
 import logging
 import sys
 import types
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from sglang_amd_moe.runtime.target import (
     Gate,
@@ -23,6 +21,9 @@ from sglang_amd_moe.runtime.target import (
     watching,
     when_imported,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger("sglang_amd_moe")
 
@@ -60,6 +61,8 @@ def plain_guard(ids: torch.Tensor, weights: torch.Tensor, num_experts: int, coun
     num_experts)`` or the row is at or past ``count[0]``. Plain torch on the call's device,
     no host sync (capturable), any integer count: when our kernel fails for a call, this
     keeps the failure from handing aiter what the plugin is installed to stop."""
+    import torch
+
     valid = (ids >= 0) & (ids < num_experts)
     if count is not None:
         n = count.reshape(-1)[:1].to(device=ids.device, dtype=torch.int64)

@@ -32,8 +32,6 @@ import inspect
 import types
 from typing import Any
 
-import torch
-
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, apply, our_kernels, plain_guard
 from sglang_amd_moe.runtime.aiter.forms import GUARD_ENTRIES, guard_entry_problem
@@ -45,6 +43,8 @@ _POSITIONAL_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITI
 
 
 def _seen(x: Any) -> str:
+    import torch  # on a call only: loading the plugin must not import torch
+
     if isinstance(x, torch.Tensor):
         return f"{str(x.dtype).removeprefix('torch.')} {tuple(x.shape)} on {x.device}"
     return type(x).__name__
@@ -52,6 +52,8 @@ def _seen(x: Any) -> str:
 
 def bad_input(ids: Any, weights: Any, mask: Any, w1: Any, count: Any) -> tuple[str, str]:
     """(what, why) of a call the guard leaves to aiter untouched; ("", "") for a good one."""
+    import torch
+
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
         return "topk_ids", f"topk_ids is {_seen(ids)}, not int32/int64"
     if ids.dim() != 2:

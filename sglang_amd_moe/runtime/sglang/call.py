@@ -1,12 +1,18 @@
-"""The hooked call: what the wrapper does around upstream's ``_post_process_topk_ids``
-on each HIP call, as its plan says (shared by the live wrapper and the probe's check of
-the plan)."""
+"""The hooked call: what the wrapper does around upstream's ``_post_process_topk_ids`` on
+each HIP call, as its plan says (the live wrapper and the probe's check of a plan run it).
+
+It fails safe: padded rows leave a hooked call with id 0 and weight 0, or the call raises.
+Where the mask kernel cannot run (a count dtype it refuses, tensors sharing memory, a
+compile or allocation error, Triton's interpreter entered from two threads),
+:func:`mask_fallback_` does the same with torch ops on the call's device (the first
+fallback per reason logged): upstream never gets the padded rows the plan was to mask.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
+import re
 import sys
 import types
 from collections.abc import Callable
@@ -24,24 +30,18 @@ from sglang_amd_moe.runtime.sglang.names import (
 )
 from sglang_amd_moe.runtime.sglang.probe import ProbeEnv
 
-logger = logging.getLogger("sglang_amd_moe")
-
 
 @dataclass(frozen=True)
 class Plan:
     """What the hook does around each HIP call (decided once, at install)."""
 
-    #: Fill padded ids with 0 and zero their weights before upstream.
-    pre_mask: bool
+    pre_mask: bool  # padded ids 0 and weights 0 before upstream
     #: Who remaps logical to physical ids: "upstream", "add" (the hook, before upstream,
     #: which keeps the dispatch info) or "own" (the hook; upstream gets no dispatch info).
     remap: str
-    #: Re-mask after upstream when it returned new tensors (a shared-expert append).
-    tail_mask: bool
-    #: Re-mask after upstream on every call (upstream writes bad padded ids itself).
-    post_mask: bool = False
-    #: ``SGLANG_AMD_MOE_VERIFY=1``: check padded rows after every call (raises).
-    verify: bool = False
+    tail_mask: bool  # mask again when upstream returned new tensors (a shared-expert append)
+    post_mask: bool = False  # mask again after upstream on every call
+    verify: bool = False  # SGLANG_AMD_MOE_VERIFY=1: check padded rows after every call
 
     def describe(self, form: str) -> str:
         """The action, in the words the audit and the log line use."""
@@ -54,10 +54,8 @@ class Plan:
             "add": "gated EPLB remap added before upstream",
             "own": "the EPLB remap owned by the hook (upstream gets no dispatch info)",
         }[self.remap]
-        if self.post_mask:
-            tail = ", mask padded rows again after upstream"
-        else:
-            tail = ", re-zero after a shared-expert append" if self.tail_mask else ""
+        tail = ", re-zero after a shared-expert append" if self.tail_mask else ""
+        tail = ", mask padded rows again after upstream" if self.post_mask else tail
         return (
             f"hooked (mask padded ids to 0 and zero their weights before upstream, {remap}{tail})"
         )
@@ -71,9 +69,6 @@ STANDARD_PLANS: dict[str, Plan] = {
 }
 
 
-# --- the call --------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Call:
     """What the wrapper reads on every call (one object, swapped atomically)."""
@@ -85,8 +80,7 @@ class Call:
     mask: Callable[..., None]
     hip_flags: tuple[str, ...]
     predicates: tuple[str, ...]
-    #: ``(what, text)``: a failure inside a hooked call (the hook logs it once).
-    on_failure: Callable[[str, str], None]
+    on_failure: Callable[[str, str], None]  # (what, text): the hook logs it once per what
 
 
 def make_call(plan, mod, live, mask, hip_flags, predicates, on_failure) -> Call:
@@ -111,11 +105,9 @@ def remap_enabled(mod: types.ModuleType | None = None, predicates: tuple[str, ..
             return bool(fn())
     try:
         from sglang.srt.server_args import get_global_server_args
-    except ImportError:
-        return False
-    try:
+
         args = get_global_server_args()
-    except ValueError:  # not set: not inside a server
+    except (ImportError, ValueError):  # no SGLang, or not inside a server
         return False
     except RuntimeError:  # retired accessor (newer SGLang): read the published bag
         try:
@@ -124,9 +116,7 @@ def remap_enabled(mod: types.ModuleType | None = None, predicates: tuple[str, ..
             args = get_exec().moe
         except Exception:
             return False
-    if args is None:
-        return False
-    return bool(
+    return args is not None and bool(
         getattr(args, "enable_eplb", False)
         or getattr(args, "init_expert_location", "trivial") != "trivial"
         or (getattr(args, "ep_num_redundant_experts", 0) or 0) > 0
@@ -154,12 +144,70 @@ class LiveEnv:
 
 
 def wrap_for_probe(call: Call) -> Callable[[Callable[..., Any], ProbeEnv], Callable[..., Any]]:
-    """How the probe runs the hooked call: this plan around the probe's upstream."""
+    """How the probe runs the hooked call: this plan around the probe's upstream, masking
+    with :func:`mask_fallback_` (what the kernel writes; no kernel run at plugin load)."""
+    checked = dataclasses.replace(call, mask=mask_fallback_)
 
     def wrap(upstream: Callable[..., Any], env: ProbeEnv) -> Callable[..., Any]:
-        return lambda *args, **kwargs: run(call, env, upstream, args, kwargs)
+        return lambda *args, **kwargs: run(checked, env, upstream, args, kwargs)
 
     return wrap
+
+
+def mask_fallback_(ids: Any, weights: Any, count: Any, fill_value: int = 0) -> None:
+    """In place: rows at and past ``count`` get id ``fill_value`` and weight 0, with torch ops
+    on the tensors' device. Takes what the kernel refuses: any integer dtype or device of
+    the count (its first element), tensors that share memory (both fills write zero bits)."""
+    import torch
+
+    n = count.reshape(-1)[0] if isinstance(count, torch.Tensor) else torch.tensor(int(count))
+    pads = []
+    for t in (ids, weights):  # both masks first: the count may live in one of the tensors
+        rows = t.shape[0]
+        real = n.to(device=t.device, dtype=torch.int64).clamp(0, rows)
+        pads.append((torch.arange(rows, device=t.device) >= real).view(rows, *[1] * (t.dim() - 1)))
+    ids.masked_fill_(pads[0], fill_value)
+    weights.masked_fill_(pads[1], 0)
+
+
+_kernel: Callable[..., None] | None = None
+
+
+def kernel_mask(*args: Any, **kwargs: Any) -> None:
+    """``sglang_amd_moe.kernels.mask_padded_rows_``, imported by the first hooked call:
+    registering its torch custom op inspects every loaded module (seconds in a process
+    with SGLang's thousands), a cost no process should pay at plugin load."""
+    global _kernel
+    if _kernel is None:
+        try:
+            from sglang_amd_moe.kernels import mask_padded_rows_ as _kernel
+        except Exception as exc:
+            why = f"this package's kernels do not import ({type(exc).__name__}: {exc})"
+
+            def _kernel(*args: Any, **kwargs: Any) -> None:
+                raise RuntimeError(why)
+
+    _kernel(*args, **kwargs)
+
+
+def _mask(call: Call, ids: Any, weights: Any, count: Any) -> None:
+    """The kernel; where it raises, :func:`mask_fallback_`; where that raises too, raise."""
+    try:
+        call.mask(ids, weights, count, fill_value=0)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        reason = f"{type(exc).__name__}: {re.sub(r'0x[0-9a-f]+|[0-9]+', '#', first)[:160]}"
+        call.on_failure(
+            f"mask {reason}",
+            f"the mask kernel failed ({reason}); the plain-torch mask took over",
+        )
+        try:
+            mask_fallback_(ids, weights, count)
+        except Exception as second:
+            raise RuntimeError(
+                "sglang-amd-moe: neither the mask kernel nor the plain-torch mask could mask "
+                f"padded rows ({type(second).__name__}: {second}); not passing them on"
+            ) from second
 
 
 def _get(call: Call, name: str, args: tuple, kwargs: dict) -> Any:
@@ -188,32 +236,26 @@ def run(call: Call, env: Any, original_fn: Callable[..., Any], args: tuple, kwar
     n = _get(call, COUNT, args, kwargs)
     ids = _get(call, "topk_ids", args, kwargs)
     weights = _get(call, "topk_weights", args, kwargs)
+    if plan.pre_mask and n is not None:
+        _mask(call, ids, weights, n)
     call_args, call_kwargs = args, kwargs
-    try:
-        if plan.pre_mask and n is not None:
-            call.mask(ids, weights, n, fill_value=0)
-        if plan.remap in ("add", "own"):
-            info = _get(call, INFO, args, kwargs)
-            if plan.remap == "own":
-                call_args, call_kwargs = _set(call, INFO, None, call_args, call_kwargs)
+    if plan.remap in ("add", "own"):
+        info = _get(call, INFO, args, kwargs)
+        if plan.remap == "own":
+            call_args, call_kwargs = _set(call, INFO, None, args, kwargs)
+        try:
             if info is not None and env.remap_enabled():
-                ids = env.remap(ids, info)
-                call_args, call_kwargs = _set(call, "topk_ids", ids, call_args, call_kwargs)
-    except Exception:
-        call.on_failure("guard", "padded-row guard failed; calling upstream unchanged")
-        call_args, call_kwargs = args, kwargs
+                remapped = env.remap(ids, info)
+                call_args, call_kwargs = _set(call, "topk_ids", remapped, call_args, call_kwargs)
+        except Exception:
+            call.on_failure("remap", "the EPLB remap failed; upstream gets the ids unremapped")
     out = original_fn(*call_args, **call_kwargs)
     if n is not None and (plan.post_mask or plan.tail_mask):
-        try:
-            out_ids, out_weights = out[0], out[1]
-            # post_mask: on every call. tail_mask: when upstream built new tensors after
-            # our pre-mask (a shared-expert append, or a remap).
-            if plan.post_mask or out_weights is not weights or out_ids.shape != ids.shape:
-                call.mask(out_ids, out_weights, n, fill_value=0)
-        except Exception:
-            call.on_failure(
-                "tail", "padded-row mask after upstream failed; returning upstream's result"
-            )
+        out_ids, out_weights = out[0], out[1]
+        # post_mask: on every call. tail_mask: when upstream built new tensors after our
+        # pre-mask (a shared-expert append, or a remap).
+        if plan.post_mask or out_weights is not weights or out_ids.shape != ids.shape:
+            _mask(call, out_ids, out_weights, n)
     if plan.verify and n is not None:
         _verify(call, out, n, args, kwargs)  # raises by design: a debugging aid
     return out
@@ -226,20 +268,18 @@ def _verify(call: Call, out: Any, n: Any, args: tuple, kwargs: dict) -> None:
     pad_ids, pad_w = out_ids[count:], out_weights[count:]
     if pad_ids.numel() == 0:
         return
-    logits = _get(call, "router_logits", args, kwargs)
-    info = _get(call, INFO, args, kwargs)
-    cfg = _get(call, "topk_config", args, kwargs)
-    layer = _get(call, "layer_id", args, kwargs)
-    num = int(logits.shape[-1]) if logits is not None else 0
-    if info is not None:
-        num = max(num, int(getattr(info, "num_physical_experts", 0) or 0))
-    shared = 0
-    for name in ("num_fused_shared_experts", "num_shared_topk_slots"):
-        shared = max(shared, int(getattr(cfg, name, 0) or 0))
-    bound: int | None = num + shared
-    if bound == 0:  # no router logits and no dispatch info: nothing to check ids against
-        logger.debug("sglang-amd-moe VERIFY: no expert count known for layer %s", layer)
-        bound = None
+    logits, info, cfg, layer = (
+        _get(call, name, args, kwargs)
+        for name in ("router_logits", INFO, "topk_config", "layer_id")
+    )
+    num = max(
+        int(logits.shape[-1]) if logits is not None else 0,
+        int(getattr(info, "num_physical_experts", 0) or 0),
+    )
+    shared = max(
+        int(getattr(cfg, k, 0) or 0) for k in ("num_fused_shared_experts", "num_shared_topk_slots")
+    )
+    bound = (num + shared) or None  # None: no expert count known to check ids against
     lo, hi = int(pad_ids.min().item()), int(pad_ids.max().item())
     nonzero = int((pad_w != 0).sum().item())
     if lo < 0 or (bound is not None and hi >= bound) or nonzero:

@@ -1,21 +1,20 @@
 """The SGLang hook: padded rows leave ``_post_process_topk_ids`` with id 0 and weight 0.
 
 With CUDA graphs a decode batch is padded to a captured size; rows at and past
-``num_token_non_padded`` hold garbage router output, which aiter's MoE kernels cannot
-take. Around each HIP call the hook does what its :class:`Plan` says: mask padded rows
-before upstream (one launch of ``sglang_amd_moe.kernels.mask_padded_rows_``), do the
-EPLB remap itself where upstream's is missing or wrong, and mask again after upstream
-where upstream appends a shared expert without re-zeroing padded rows.
+``num_token_non_padded`` hold garbage router output, which aiter's MoE kernels cannot take.
+Around each HIP call the hook does what its plan says (``call``).
 
-It decides once per process from behaviour: the probe runs the installed function on a
-CPU batch as a HIP process would (``probe``), the pure :func:`decide` picks the plan, and
-the plan is kept only if the probe of the hooked call comes out right. Where SGLang's topk
-is not imported and the ledger knows its body as ``fixed``, nothing is imported. The
-wrapper is an AROUND hook in SGLang's ``HookRegistry`` (``registry_compat``); it acts only
-while the module's HIP flag is true at call time.
-
-Known difference from a fixed release: where the hook remaps (plans ``add`` and ``own``) it
-does so before upstream's body, so the routed-experts capturer sees physical ids.
+It decides once per process. The ledger reads topk.py's text (nothing imported): a body it
+knows as fixed needs nothing; any other is decided when topk is imported (``pending`` until
+then), so a process that never imports topk pays only the read. With topk imported, the
+probe runs the function on a CPU batch as a HIP process would, :func:`decide` (pure) picks
+the plan, and the plan is kept only if the probe of the hooked call comes out right; all the
+probing of one decision shares one time limit. ``SGLANG_AMD_MOE_STRICT=1`` hooks only bodies
+the ledger knows, with the ledger's plan. Decided inside ``load_plugins()``, the wrapper is
+an AROUND hook in SGLang's ``HookRegistry``; decided at topk's import (or without a
+registry) the hook wraps the function itself. It acts only while the module's HIP flag is
+true at call time. Where it remaps (plans ``add`` and ``own``) it does so before upstream's
+body, so the routed-experts capturer sees physical ids (a fixed release: logical ones).
 """
 
 from __future__ import annotations
@@ -38,14 +37,9 @@ from typing import Any
 from sglang_amd_moe.runtime import env as _env
 from sglang_amd_moe.runtime.sglang import ledger
 from sglang_amd_moe.runtime.sglang import registry_compat as registry
-from sglang_amd_moe.runtime.sglang.call import (
-    Call,
-    LiveEnv,
-    Plan,
-    make_call,
-    run,
-    wrap_for_probe,
-)
+from sglang_amd_moe.runtime.sglang.bounds import Deadline
+from sglang_amd_moe.runtime.sglang.call import Call, LiveEnv, Plan, kernel_mask, make_call, run
+from sglang_amd_moe.runtime.sglang.call import wrap_for_probe as _checked
 from sglang_amd_moe.runtime.sglang.names import (
     ACTIONS,
     FUNCTION_NAME,
@@ -65,13 +59,16 @@ from sglang_amd_moe.runtime.target import (
     chain,
     closes_over,
     find_marked,
+    forget,
     rebind_copies,
+    watching,
+    when_imported,
 )
 
-logger = logging.getLogger("sglang_amd_moe")
-
-#: ``HookStatus.target`` of this hook.
-NAME = "sglang"
+NAME = "sglang"  # HookStatus.target
+STRICT = "SGLANG_AMD_MOE_STRICT=1"
+STRICT_REFUSAL = f"left to upstream: {STRICT} hooks only bodies the ledger knows"
+UNTOUCHED = "SGLang left untouched"
 
 
 # --- the decision (pure) ---------------------------------------------------------------
@@ -81,106 +78,81 @@ NAME = "sglang"
 class Inputs:
     """Everything :func:`decide` reads."""
 
-    #: The running function's parameter names (None: no signature).
-    params: tuple[str, ...] | None
-    #: The ledger's entry for the running body (None: the ledger does not know it).
-    known: ledger.Entry | None
-    #: What the probe saw it do (None: not run).
-    observed: ProbeResult | None
-    #: A non-CUDA path of the function (or a helper) calls the remap (``ledger.read``).
-    remaps_on_hip: bool = True
-    #: The topk module has a callable ``topk_ids_logical_to_physical``.
-    remap_available: bool = True
+    params: tuple[str, ...] | None  # the running function's parameters (None: no signature)
+    known: ledger.Entry | None  # the ledger's entry for the running body
+    observed: ProbeResult | None  # what the probe saw (None: not run)
+    remaps_on_hip: bool = True  # a non-CUDA path calls the remap (``ledger.read``)
+    remap_available: bool = True  # the module has a callable topk_ids_logical_to_physical
     verify: bool = False
+    strict: bool = False  # SGLANG_AMD_MOE_STRICT=1: the ledger's plan for its bodies only
 
 
 def decide(inputs: Inputs) -> Plan | Refusal:
     """The plan for what was observed (else for what the ledger knows), or why there is
     none. Pure."""
-    params = inputs.params
+    params, obs, known = inputs.params, inputs.observed, inputs.known
     if params is None:
-        return Refusal("error", "the running function has no signature; SGLang left untouched")
+        return Refusal("error", f"the running function has no signature; {UNTOUCHED}")
     missing = [p for p in REQUIRED_PARAMS if p not in params]
     if missing:
-        return Refusal("refused", f"signature lacks {', '.join(missing)}; SGLang left untouched")
-    obs = inputs.observed
-    if obs is not None and obs.usable:
+        return Refusal("refused", f"signature lacks {', '.join(missing)}; {UNTOUCHED}")
+    usable = obs is not None and obs.usable
+    if inputs.strict and known is None:
+        return Refusal("refused", STRICT_REFUSAL)
+    if inputs.strict and usable and obs.behaviour != known.form:
+        why = f"the ledger knows this body as {known.form} but running it shows {obs.behaviour}"
+        return Refusal("refused", f"left to upstream: {STRICT} and {why}")
+    if usable and not inputs.strict:
         plan = _plan_from_behaviour(obs, inputs.remaps_on_hip)
-    elif inputs.known is not None:
-        plan = _plan_from_entry(inputs.known)
+    elif known is not None:
+        plan = Plan(**known.plan) if known.plan else Refusal("not-needed", ACTIONS["fixed"])
     else:
         why = obs.summary() if obs is not None else "not run"
         return Refusal(
             "refused",
             f"the ledger does not know this body and the probe cannot judge it here ({why}); "
-            "SGLang left untouched",
+            + UNTOUCHED,
         )
     if isinstance(plan, Refusal):
         if plan.state == "not-needed" and inputs.verify:
             return Plan(False, "upstream", False, verify=True)
         return plan
-    if plan.remap in ("add", "own"):
-        lacks = [] if INFO in params else [INFO]
-        if not inputs.remap_available:
-            lacks.append(f"{REMAP} (module global)")
-        if lacks:
-            return Refusal("refused", f"signature lacks {', '.join(lacks)}; SGLang left untouched")
+    lacks = [] if INFO in params or plan.remap == "upstream" else [INFO]
+    if plan.remap != "upstream" and not inputs.remap_available:
+        lacks.append(f"{REMAP} (module global)")
+    if lacks:
+        return Refusal("refused", f"signature lacks {', '.join(lacks)}; {UNTOUCHED}")
     return dataclasses.replace(plan, verify=inputs.verify)
 
 
 def alternatives(plan: Plan) -> tuple[Plan, ...]:
-    """``plan`` and the more intrusive plans to try, in order, when the probe of the
-    hooked call shows it still wrong: the hook owning the remap, masking after upstream
-    too, both. Pure."""
-    out = [plan]
+    """``plan``, then the more intrusive plans to try when the probe of the hooked call
+    shows it still wrong: the hook owning the remap, masking after upstream too, both."""
     if not plan.pre_mask:
-        return tuple(out)
+        return (plan,)
     own = dataclasses.replace(plan, remap="own")
-    for p in (
-        own,
-        dataclasses.replace(plan, post_mask=True),
-        dataclasses.replace(own, post_mask=True),
-    ):
-        if p not in out:
-            out.append(p)
-    return tuple(out)
-
-
-def _plan_from_entry(entry: ledger.Entry) -> Plan | Refusal:
-    if entry.plan is None:
-        return Refusal("not-needed", ACTIONS.get(entry.form, ACTIONS["fixed"]))
-    return Plan(**entry.plan)
+    post = dataclasses.replace(plan, post_mask=True)
+    return tuple(dict.fromkeys((plan, own, post, dataclasses.replace(own, post_mask=True))))
 
 
 def _plan_from_behaviour(obs: ProbeResult, remaps_on_hip: bool) -> Plan | Refusal:
     if obs.correct:
         return Refusal("not-needed", ACTIONS["fixed"])
-    off, off_info, on = obs.observations[:3]
-    if not all(o.real_weights_same for o in (off, off_info, on)) or "other" in (
-        off.real_ids,
-        off_info.real_ids,
-    ):
+    eplb = off, off_info, on = obs.observations[:3]
+    if not all(o.real_weights_same for o in eplb) or "other" in (off.real_ids, off_info.real_ids):
         why = "; ".join(obs.findings[:3])
         return Refusal(
-            "refused",
-            f"upstream changes real rows in a way no hook can undo ({why}); SGLang left untouched",
+            "refused", f"upstream changes real rows in a way no hook can undo ({why}); {UNTOUCHED}"
         )
     if off.real_ids == off_info.real_ids == "as-given" and on.real_ids == "remapped-once":
         remap = "upstream"  # its remap is right (a garbage read is cured by the pre-mask)
-    elif (
-        not obs.upstream_remaps
-        and all(o.real_ids == "as-given" for o in (off, off_info, on))
-        and not remaps_on_hip
-    ):
+    elif not (obs.upstream_remaps or remaps_on_hip) and {o.real_ids for o in eplb} == {"as-given"}:
         remap = "add"  # nothing remaps on HIP, and no HIP path of the source could
     else:
         # Upstream remaps wrongly, or the probe could not make it remap although a HIP
         # path calls the remap (a predicate it could not steer): the hook owns the remap.
         remap = "own"
     return Plan(True, remap, obs.refills_after_append is not True)
-
-
-# --- the wrapper ----------------------------------------------------------------------
 
 
 def _around(original_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -191,47 +163,14 @@ def _around(original_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return run(active[0], active[1], original_fn, args, kwargs)
 
 
-# --- reading and deciding --------------------------------------------------------------
-
-
-@dataclass
-class _Facts:
-    """What :meth:`SGLangHook._read` found out about this process's SGLang."""
-
-    head: str  # "sglang-amd-moe: sglang <version> _post_process_topk_ids"
-    detail: dict[str, Any]  # HookStatus.detail, filled as the decision goes
-    module: types.ModuleType
-    live: Callable[..., Any]  # what the module binds now (wrappers included)
-    upstream: Callable[..., Any]  # under every wrapper
-    reading: ledger.Reading  # the running function, read with its module's text
-    inputs: Inputs
-    #: The probe of the last hooked call tried (None: none tried).
-    checked: ProbeResult | None = None
-
-    @property
-    def form(self) -> str:
-        return self.reading.form
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """How a decision ends: a checked plan to apply (``call``), or the status that ends
-    it (``status``), with what was read on the way (``facts``)."""
-
-    status: HookStatus | None = None
-    facts: _Facts | None = None
-    call: Call | None = None
-    notes: list[str] = field(default_factory=list)
+# --- reading --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Preview:
-    """What :meth:`SGLangHook.install` would decide here if the gate were open.
-
-    ``status``: the status install() would return (a plan reads ``pending``, with
-    ``detail["preview"]`` True). ``upstream``: the probe of upstream alone (None: not
-    run). ``hooked``: the probe of the plan's hooked call (None: no plan).
-    """
+    """What :meth:`SGLangHook.install` would decide here if the gate were open: ``status``
+    (a plan reads ``pending``, ``detail["preview"]`` True), the probe of upstream alone
+    and of the plan's hooked call (None: not run, no plan)."""
 
     status: HookStatus
     upstream: ProbeResult | None = None
@@ -242,51 +181,83 @@ class Preview:
         return self.hooked if self.status.hooked else self.upstream
 
 
+@dataclass
+class _Facts:
+    """One decision: what it read, the probes it ran (under one deadline), its notes."""
+
+    head: str  # "sglang-amd-moe: sglang <version> _post_process_topk_ids"
+    detail: dict[str, Any]  # HookStatus.detail, filled as the decision goes
+    reading: ledger.Reading | None = None  # of the running function (else of the file)
+    module: Any = None
+    live: Any = None  # what the module binds now (wrappers included)
+    upstream: Any = None  # under every wrapper
+    inputs: Inputs | None = None
+    deadline: Deadline = field(default_factory=Deadline.start)
+    probes: list[ProbeResult] = field(default_factory=list)
+    checked: ProbeResult | None = None  # the probe of the hooked call kept
+    notes: list[str] = field(default_factory=list)
+
+    def probe(self, **kw: Any) -> ProbeResult:
+        r = self.reading
+        kw.update(hip_flags=r.hip_flags, predicates=r.predicates, deadline=self.deadline)
+        self.probes.append(probe(self.upstream, **kw))
+        return self.probes[-1]
+
+    def status(self, state: str, action: str, form: str | None = None) -> HookStatus:
+        form = form or self.reading.form
+        bracket = f" [{'; '.join(self.notes)}]" if self.notes else ""
+        message = f"{self.head} form={form} -> {action}{bracket}"
+        return HookStatus(NAME, state, form, message, {**self.detail, "action": action})
+
+
 def _probe_detail(p: ProbeResult) -> dict[str, Any]:
-    """The probe's result without its per-scenario observations."""
     out = {k: v for k, v in dataclasses.asdict(p).items() if k != "observations"}
-    out["seconds"] = round(p.seconds, 4)
-    return out
+    return {**out, "seconds": round(p.seconds, 4)}
 
 
-def _sglang_version() -> str:
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return "(version unknown)"
+def _unknown_note(reading: ledger.Reading, where: str, shown: str = "") -> list[str]:
+    if reading.known is not None:
+        return []
+    seen = f"; running it shows {shown}" if shown else ""
+    return [
+        f"unrecognised function in {where} line {reading.lineno}, "
+        f"sha256 {reading.fingerprint or '-'}: {reading.why}{seen}"
+    ]
 
 
 def topk_path() -> Path | None:
     """Where topk.py is, without importing it."""
     mod = sys.modules.get(TOPK_MODULE)
-    if mod is not None and getattr(mod, "__file__", None):
+    if getattr(mod, "__file__", None):
         return Path(mod.__file__)
     try:
         spec = importlib.util.find_spec("sglang")
     except (ImportError, ValueError):
         return None
     for loc in (spec.submodule_search_locations or []) if spec else []:
-        p = Path(loc) / "srt" / "layers" / "moe" / "topk.py"
-        if p.is_file():
-            return p
+        if (Path(loc) / "srt/layers/moe/topk.py").is_file():
+            return Path(loc) / "srt/layers/moe/topk.py"
     return None
 
 
 def _running_reading(fn: Any, path: Path, text: str, file_reading: ledger.Reading):
     """The ledger's reading of the function that runs (under any wrappers), with its own
-    module's text; and the file it comes from."""
+    module's text (the file's reading where it is the function the file binds), and the
+    file it comes from."""
     try:
         lines, first = inspect.getsourcelines(fn)
         where = inspect.getsourcefile(fn) or ""
-        if where == str(path):
-            module_text = text
-        elif Path(where).is_file():
-            module_text = Path(where).read_text(encoding="utf-8")
-        else:  # a rewritten source registered for inspect (linecache)
-            module_text = "".join(linecache.getlines(where)) or text
     except (OSError, TypeError, ValueError):
         unread = dataclasses.replace(file_reading, binding="the running function has no source")
         return dataclasses.replace(unread, fingerprint="", known=None, lineno=0, node=None), ""
+    if where == str(path) and first == file_reading.lineno and not file_reading.binding:
+        return file_reading, where
+    if where == str(path):
+        module_text = text
+    elif Path(where).is_file():
+        module_text = Path(where).read_text(encoding="utf-8")
+    else:  # a rewritten source registered for inspect (linecache)
+        module_text = "".join(linecache.getlines(where)) or text
     return ledger.read(module_text, "".join(lines), first), where
 
 
@@ -297,19 +268,18 @@ class SGLangHook(Target):
 
     def __init__(self) -> None:
         super().__init__()
-        #: What the wrapper runs: the call and the process's environment for it.
-        self.active: tuple[Call, LiveEnv] | None = None
-        #: (wrapper, original) when the hook wrapped the function itself.
-        self.direct: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+        self.active: tuple[Call, LiveEnv] | None = None  # what the wrapper runs
+        self.direct: tuple[Any, Any] | None = None  # (wrapper, original) when we wrapped
+        self._at_import = False
 
     # --- Target ----------------------------------------------------------------------
 
     def _install(self, gate: Gate) -> HookStatus:
-        out = self._decide()
-        if out.call is None or out.facts is None:
-            assert out.status is not None  # noqa: S101 - an outcome without a call has a status
-            return self._announce(out.status)
-        facts, call, notes = out.facts, out.call, out.notes
+        st, call, facts = self._decide(import_now=False)
+        if st.detail.get("deferred"):
+            when_imported(TOPK_MODULE, self._on_import)
+        if call is None:
+            return self._announce(st)
         self.active, self._failures = (call, LiveEnv(call)), set()
         try:
             how = "already hooked" if self.is_live() else self._apply(facts.module, facts.live)
@@ -318,30 +288,45 @@ class SGLangHook(Target):
             raise
         facts.detail["applied"] = how or "HookRegistry (inside load_plugins)"
         if call.plan.verify:
-            notes.append("SGLANG_AMD_MOE_VERIFY=1: padded rows checked after every call")
-        if how:
-            notes.append(how)
+            facts.notes.append("SGLANG_AMD_MOE_VERIFY=1: padded rows checked after every call")
+        facts.notes += [how] if how else []
         state = "live" if self.is_live() else "pending"
-        return self._announce(self._final(facts, state, call.plan.describe(facts.form), notes))
+        return self._announce(facts.status(state, call.plan.describe(facts.reading.form)))
+
+    def _on_import(self, module: types.ModuleType) -> None:
+        """topk has just executed: decide and apply now, in the process that imports it."""
+        forget(TOPK_MODULE, self._on_import)
+        with self.lock:
+            self._at_import = True
+            try:
+                self.install()
+            finally:
+                self._at_import = False
+
+    def _imported(self) -> bool:
+        """topk is imported (another thread still executing it does not count: deciding
+        then would wait for that import while holding the lock its callback needs)."""
+        spec = getattr(sys.modules.get(TOPK_MODULE), "__spec__", None)
+        return TOPK_MODULE in sys.modules and (
+            self._at_import or not getattr(spec, "_initializing", False)
+        )
 
     def _still_hooked(self) -> bool:
-        return self.is_live() or registry.pending(TARGET, _around)
+        deferred = watching(TOPK_MODULE) and not self._imported()
+        return deferred or self.is_live() or registry.pending(TARGET, _around)
 
     def status(self) -> HookStatus | None:
         """The last decision; a hook that was pending and has been applied reads ``live``."""
         with self.lock:
             st = self._status
             if st is not None and st.state == "pending" and self.is_live():
-                st = dataclasses.replace(
-                    st, state="live", detail={**st.detail, "applied": "HookRegistry"}
-                )
-                self._status = st
+                detail = {**st.detail, "applied": "HookRegistry"}
+                self._status = st = dataclasses.replace(st, state="live", detail=detail)
             return st
 
     def is_live(self) -> bool:
         """``_post_process_topk_ids`` is our wrapper now (possibly under others')."""
-        mod = sys.modules.get(TOPK_MODULE)
-        fn = getattr(mod, FUNCTION_NAME, None) if mod is not None else None
+        fn = getattr(sys.modules.get(TOPK_MODULE), FUNCTION_NAME, None)
         if find_marked(fn) is not None:
             return True
         ours = any(closes_over(f, _around) for f in chain(fn))
@@ -351,176 +336,167 @@ class SGLangHook(Target):
     def _undo(self) -> None:
         """The original back where the hook can; a wrapper another plugin put on top of
         ours stays (it holds ours, which then passes every call through)."""
+        forget(TOPK_MODULE, self._on_import)
         mod = sys.modules.get(TOPK_MODULE)
         registry.unregister(TARGET, _around)
+        fn = getattr(mod, FUNCTION_NAME, None)
         if self.direct is not None and mod is not None:
             wrapper, original = self.direct
-            if getattr(mod, FUNCTION_NAME, None) is wrapper:
+        elif fn is not None and closes_over(fn, _around) and hasattr(fn, "__wrapped__"):
+            wrapper, original = fn, fn.__wrapped__
+        else:
+            wrapper = original = None
+        if wrapper is not None:
+            if fn is wrapper:
                 setattr(mod, FUNCTION_NAME, original)
             rebind_copies(wrapper, original)
-        elif mod is not None:
-            fn = getattr(mod, FUNCTION_NAME, None)
-            if fn is not None and closes_over(fn, _around) and hasattr(fn, "__wrapped__"):
-                setattr(mod, FUNCTION_NAME, fn.__wrapped__)
-                rebind_copies(fn, fn.__wrapped__)
         self.active, self.direct = None, None
 
     # --- deciding --------------------------------------------------------------------
 
     def _announce(self, st: HookStatus) -> HookStatus:
+        """Keep ``st``; log it unless it repeats the decision logged last (a second
+        ``load_plugins()`` probing what the ledger answered)."""
+        before = self.status()
+        if before is not None and (before.state, before.form) == (st.state, st.form):
+            if before.detail.get("action") == st.detail.get("action"):
+                with self.lock:
+                    self._status = st
+                return st
         level = logging.WARNING if st.form in ("absent", "unknown") else None
         return self.record(st, level=level)
 
-    def _final(self, facts: _Facts, state: str, action: str, notes: list[str]) -> HookStatus:
-        bracket = f" [{'; '.join(notes)}]" if notes else ""
-        text = f"{facts.head} form={facts.form} -> {action}{bracket}"
-        return self.make_status(state, facts.form, text, **facts.detail)
-
-    def _read(self) -> _Facts | HookStatus:
-        """What the decision rests on, or the status that ends it early (no SGLang, a body
-        the ledger knows as fixed while topk is not imported, an import that fails)."""
-        version, path = _sglang_version(), topk_path()
-        head = f"sglang-amd-moe: sglang {version} {FUNCTION_NAME}"
-        detail: dict[str, Any] = {"version": version, "path": str(path) if path else ""}
+    def _read(self, import_now: bool) -> _Facts | HookStatus:
+        """What the decision rests on, or the status that ends it early: no SGLang, a body
+        the ledger answers for while topk is not imported (not needed, refused by the strict
+        switch, or decided at topk's import), an import that fails."""
+        try:
+            version = importlib.metadata.version("sglang")
+        except importlib.metadata.PackageNotFoundError:
+            version = "(version unknown)"
+        path, strict, verify = topk_path(), _env.strict(), _env.verify()
+        facts = _Facts(f"sglang-amd-moe: sglang {version} {FUNCTION_NAME}", {"version": version})
+        facts.detail.update(path=str(path or ""), **({"strict": True} if strict else {}))
         if path is None:
-            text = f"{head} form=absent -> {TOPK_MODULE} not found; nothing hooked"
-            return self.make_status("not-needed", "absent", text, **detail)
+            return facts.status("not-needed", f"{TOPK_MODULE} not found; nothing hooked", "absent")
         text = path.read_text(encoding="utf-8")
-        reading = ledger.read(text)
-        detail["file"] = {"form": reading.form, "sha256": reading.fingerprint, "why": reading.why}
-        verify = _env.verify()
-        # Not imported yet: a body the ledger knows as fixed (or none) needs no import.
-        if TOPK_MODULE not in sys.modules and (
-            reading.form == "absent" or (reading.form == "fixed" and not verify)
-        ):
-            form = reading.form
-            detail["probe"] = {"ran": False, "why": f"topk is not imported; {reading.why}"}
-            where = f" ({path})" if form == "absent" else ""
-            status_text = f"{head} form={form} -> {ACTIONS[form]}{where}"
-            return self.make_status("not-needed", form, status_text, **detail)
+        facts.reading = reading = ledger.read(text)
+        form = reading.form
+        facts.detail["file"] = {"form": form, "sha256": reading.fingerprint, "why": reading.why}
+        if not self._imported() and not import_now:
+            facts.detail["probe"] = {"ran": False, "why": f"topk is not imported; {reading.why}"}
+            if form == "absent" or (form == "fixed" and not verify):
+                where = f" ({path})" if form == "absent" else ""
+                return facts.status("not-needed", ACTIONS[form] + where)
+            facts.notes = _unknown_note(reading, str(path))
+            if strict and reading.known is None:
+                return facts.status("refused", STRICT_REFUSAL)
+            plan = reading.known.plan if reading.known is not None else None
+            facts.detail.update(deferred=True, plan=plan)
+            action = Plan(**plan).describe(form) if plan else "decided by running it"
+            return facts.status("pending", f"{action} when {TOPK_MODULE} is imported")
         try:
             mod = importlib.import_module(TOPK_MODULE)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - SystemExit from an import included
-            why = (
-                f"cannot import {TOPK_MODULE} ({type(exc).__name__}: {exc}); SGLang left untouched"
-            )
-            return self.make_status(
-                "error", reading.form, f"{head} form={reading.form} -> {why}", **detail
-            )
+            why = f"cannot import {TOPK_MODULE} ({type(exc).__name__}: {exc}); {UNTOUCHED}"
+            return facts.status("error", why)
         live = getattr(mod, FUNCTION_NAME, None)
         if not callable(live):
-            why = (
-                f"the imported module has no callable {FUNCTION_NAME} "
-                f"(its file {path} has form {reading.form}); nothing hooked"
-            )
-            return self.make_status(
-                "not-needed", "absent", f"{head} form=absent -> {why}", **detail
-            )
-        upstream = inspect.unwrap(live)
-        running, where = _running_reading(upstream, path, text, reading)
-        detail["sha256"], detail["lineno"] = running.fingerprint, running.lineno
+            why = f"the imported module has no callable {FUNCTION_NAME} (its file {path} has "
+            return facts.status("not-needed", f"{why}form {form}); nothing hooked", "absent")
+        facts.module, facts.live, facts.upstream = mod, live, inspect.unwrap(live)
+        facts.reading, where = _running_reading(facts.upstream, path, text, reading)
+        facts.detail.update(sha256=facts.reading.fingerprint, lineno=facts.reading.lineno)
         if where and where != str(path):
-            detail["path"] = where
-        observed = probe(upstream, hip_flags=running.hip_flags, predicates=running.predicates)
-        detail["probe"] = _probe_detail(observed)
+            facts.detail["path"] = where
         try:
             params: tuple[str, ...] | None = tuple(inspect.signature(live).parameters)
         except (TypeError, ValueError):
             params = None
-        inputs = Inputs(
-            params,
-            running.known,
-            observed,
-            running.remaps_on_hip,
-            callable(getattr(mod, REMAP, None)),
-            verify,
-        )
-        return _Facts(head, detail, mod, live, upstream, running, inputs)
+        remap = callable(getattr(mod, REMAP, None))
+        r = facts.reading
+        facts.deadline = Deadline.start()  # the probing starts here (after the import)
+        observed = None if strict and r.known is None else facts.probe()  # strict: not run
+        facts.inputs = Inputs(params, r.known, observed, r.remaps_on_hip, remap, verify, strict)
+        if observed is not None:
+            facts.detail["probe"] = _probe_detail(observed)
+        return facts
 
-    def _notes(self, facts: _Facts) -> list[str]:
-        """What the one log line adds in brackets."""
-        reading, obs, notes = facts.reading, facts.inputs.observed, []
+    def _notes(self, facts: _Facts) -> None:
+        """What the log line adds in brackets."""
+        reading, obs = facts.reading, facts.inputs.observed
         shown = obs.behaviour if obs is not None and obs.usable else ""
-        if reading.known is None:
-            where = facts.detail.get("path", "")
-            notes.append(
-                f"unrecognised function in {where} line {reading.lineno}, "
-                f"sha256 {reading.fingerprint or '-'}: {reading.why}"
-                + (f"; running it shows {shown}" if shown else "")
-            )
-        elif shown and shown != reading.known.form:
+        notes = _unknown_note(reading, facts.detail.get("path", ""), shown)
+        if reading.known is not None and shown and shown != reading.known.form:
             notes.append(
                 f"the ledger knows this body as {reading.known.form} but running it shows "
-                f"{shown}: following behaviour"
+                f"{shown}" + ("" if facts.inputs.strict else ": following behaviour")
             )
         if obs is not None and not obs.usable:
             notes.append(f"{obs.summary()}; decided from the ledger")
-        if obs is not None and obs.usable and obs.touched_cuda:
-            notes.append("running it initialised CUDA")
-        return notes
+        ran = [p for p in facts.probes if p.calls]
+        if ran:
+            ms = sum(p.seconds for p in ran) * 1e3
+            notes.append(f"probe: {sum(p.calls for p in ran)} upstream calls in {ms:.0f} ms")
+        effects = dict.fromkeys(e for p in facts.probes for e in p.side_effects)
+        if effects:
+            notes.append(f"the probe's code run changed: {', '.join(effects)}")
+        facts.notes = notes
 
-    def _decide(self) -> _Outcome:
-        """Read, decide, and check the plan's hooked call: what install() and preview()
-        share. Applies nothing."""
-        facts = self._read()
+    def _decide(self, import_now: bool) -> tuple[HookStatus, Call | None, _Facts | None]:
+        """Read, decide, check the plan's hooked call: what install() and preview() share.
+        Applies nothing. With a call, the status is the one to finish (state, notes)."""
+        facts = self._read(import_now)
         if isinstance(facts, HookStatus):
-            return _Outcome(facts)
+            return facts, None, None
         decision = decide(facts.inputs)
-        notes = self._notes(facts)
-
-        def end(state: str, action: str) -> _Outcome:
-            return _Outcome(self._final(facts, state, action, notes), facts, None, notes)
-
         if isinstance(decision, Refusal):
             facts.detail["plan"] = None
-            return end(decision.state, decision.reason)
-        try:
-            from sglang_amd_moe.kernels import mask_padded_rows_
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: BLE001
-            why = f"this package's kernels do not import ({type(exc).__name__}: {exc})"
-            return end("error", f"{why}; SGLang left untouched")
-        call = self._checked_call(facts, decision, mask_padded_rows_)
+            self._notes(facts)
+            return facts.status(decision.state, decision.reason), None, facts
+        call = self._checked_call(facts, decision)
+        self._notes(facts)
         if isinstance(call, str):
-            return end(
-                "refused", f"refused: no plan makes it right ({call}); SGLang left untouched"
-            )
+            why = f"refused: no plan makes it right ({call}); {UNTOUCHED}"
+            return facts.status("refused", why), None, facts
         facts.detail["plan"] = dataclasses.asdict(call.plan)
-        return _Outcome(None, facts, call, notes)
+        return facts.status("pending", call.plan.describe(facts.reading.form)), call, facts
 
-    def _checked_call(self, facts: _Facts, plan: Plan, mask: Callable[..., None]) -> Call | str:
+    def _checked_call(self, facts: _Facts, plan: Plan) -> Call | str:
         """The call for ``plan``, or for the first of its :func:`alternatives` whose hooked
-        call the probe finds right; what stayed wrong when none is. Without a usable
-        observation the plan stands as decided."""
-        flags, preds = facts.reading.hip_flags, facts.reading.predicates
-        fail = self.log_call_failure
-        call = make_call(plan, facts.module, facts.live, mask, flags, preds, fail)
+        call the probe finds right; what stayed wrong when none is. Where the hooked call
+        cannot be run, a plan the ledger gives stands (else none does)."""
+        known = facts.reading.known
+        make = functools.partial(
+            make_call, mod=facts.module, live=facts.live, mask=kernel_mask,
+            hip_flags=facts.reading.hip_flags, predicates=facts.reading.predicates,
+            on_failure=self.log_call_failure,
+        )  # fmt: skip
         observed = facts.inputs.observed
         if not (observed is not None and observed.usable and plan.pre_mask):
-            return call
-        tried = []
-        for candidate in alternatives(plan):
-            call = make_call(
-                candidate, facts.module, facts.live, mask, flags, preds, self.log_call_failure
-            )
-            checked = probe(
-                facts.upstream, hip_flags=flags, predicates=preds, wrap=wrap_for_probe(call)
-            )
+            return make(plan)
+        tried = facts.detail["probe_hooked"] = []
+        for candidate in (plan,) if facts.inputs.strict else alternatives(plan):
+            call = make(candidate)
+            checked = facts.checked = facts.probe(wrap=_checked(call))
             tried.append(_probe_detail(checked))
-            facts.detail["probe_hooked"] = tried
-            facts.checked = checked
             if checked.correct:
                 return call
+            if not checked.ran:
+                if known is not None and known.plan is not None:
+                    return make(dataclasses.replace(Plan(**known.plan), verify=plan.verify))
+                return f"the hooked call could not be run: {checked.why}"
         return "; ".join(checked.findings[:3]) or checked.why
 
     def _apply(self, mod: types.ModuleType, live: Callable[..., Any]) -> str:
-        """Put the wrapper in place; a note for the log line ("" for the normal path)."""
+        """Put the wrapper in place; a note for the log line ("" for the usual path)."""
+        if self._at_import:  # a registry hook applied later (another plugin's) wraps ours
+            self._apply_directly(mod, live)
+            return f"applied when {TOPK_MODULE} was imported"
         hook_registry = registry.load()
-        if hook_registry is None:
-            # SGLang 0.5.10: no plugin framework. Do what HookRegistry would do.
+        if hook_registry is None:  # SGLang 0.5.10: no plugin framework
             self._apply_directly(mod, live)
             return "no SGLang plugin framework in this release: patched directly"
         if registry.patched(TARGET, hook_registry) and not registry.registered(
@@ -532,7 +508,7 @@ class SGLangHook(Target):
         registry.register_around(TARGET, _around, hook_registry)
         if registry.inside_load_plugins(hook_registry):
             return ""  # load_plugins() applies every registered hook right after the plugins
-        registry.apply_hooks(hook_registry)  # outside load_plugins(): apply now
+        registry.apply_hooks(hook_registry)
         fn = getattr(mod, FUNCTION_NAME, None)
         if fn is not None and closes_over(fn, _around):
             setattr(fn, MARK, getattr(fn, "__wrapped__", live))
@@ -555,50 +531,41 @@ class SGLangHook(Target):
 
     def preview(self) -> Preview:
         """What install() would do here on a ROCm machine (the gate ignored,
-        ``SGLANG_AMD_MOE_DISABLE`` still honoured), applying, keeping and logging nothing;
-        it imports topk where the decision needs it. Never raises."""
+        ``SGLANG_AMD_MOE_DISABLE`` honoured), applying, keeping and logging nothing; it
+        imports topk where the decision needs it. Never raises."""
         if _env.disabled():
             off = "sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked"
             return Preview(self.make_status("off", None, off))
         try:
-            out = self._decide()
+            st, call, facts = self._decide(import_now=True)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # noqa: BLE001 - a preview must never take its caller down
             return Preview(self.make_status("error", None, f"previewing {TARGET} failed ({exc!r})"))
-        facts, call = out.facts, out.call
         upstream = facts.inputs.observed if facts is not None else None
-        if call is None or facts is None:
-            assert out.status is not None  # noqa: S101
-            return Preview(out.status, upstream)
-        checked = facts.checked
-        if checked is None:  # the plan stands unchecked: run it now
-            flags, preds = facts.reading.hip_flags, facts.reading.predicates
-            checked = probe(
-                facts.upstream, hip_flags=flags, predicates=preds, wrap=wrap_for_probe(call)
-            )
-        status = self._final(facts, "pending", call.plan.describe(facts.form), out.notes)
-        status = dataclasses.replace(status, detail={**status.detail, "preview": True})
-        return Preview(status, upstream, checked)
+        if call is None:
+            return Preview(st, upstream)
+        checked = facts.checked or facts.probe(wrap=_checked(call))
+        st = dataclasses.replace(st, detail={**st.detail, "preview": True})
+        return Preview(st, upstream, checked)
 
     def observe(self) -> ProbeResult | None:
         """What the function does here now on the probe's batch: the hooked call where
         the hook is live, upstream otherwise (None: topk not imported). Never raises."""
-        mod = sys.modules.get(TOPK_MODULE)
-        live = getattr(mod, FUNCTION_NAME, None) if mod is not None else None
+        live = getattr(sys.modules.get(TOPK_MODULE), FUNCTION_NAME, None)
         if live is None:
             return None
         upstream = inspect.unwrap(live)
         with self.lock:
             call = self.active[0] if self.active is not None and self.is_live() else None
-        if call is None:
-            try:
-                r = ledger.read(Path(inspect.getsourcefile(upstream) or "").read_text("utf-8"))
-            except (OSError, TypeError):
-                return probe(upstream)
-            return probe(upstream, hip_flags=r.hip_flags, predicates=r.predicates)
-        wrap = wrap_for_probe(call)
-        return probe(upstream, hip_flags=call.hip_flags, predicates=call.predicates, wrap=wrap)
+        if call is not None:
+            flags, preds = call.hip_flags, call.predicates
+            return probe(upstream, hip_flags=flags, predicates=preds, wrap=_checked(call))
+        try:
+            r = ledger.read(Path(inspect.getsourcefile(upstream) or "").read_text("utf-8"))
+        except (OSError, TypeError):
+            return probe(upstream)
+        return probe(upstream, hip_flags=r.hip_flags, predicates=r.predicates)
 
 
 HOOK = SGLangHook()

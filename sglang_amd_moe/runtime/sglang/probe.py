@@ -1,30 +1,25 @@
 """Run ``_post_process_topk_ids`` on a tiny CPU batch the way a HIP process runs it.
 
-A plugin that makes a correct SGLang wrong is worse than none, so before it hooks, the
-plugin observes what the installed function does with padded rows and hooks only what it
-sees wrong; then it checks that the hooked call comes out right.
-
-The function (and every module-level function of its module) is re-created over a *copy*
-of its module's globals in which the platform says HIP (``_is_hip`` and the module's HIP
-flags true, the other platforms false; every other flag, e.g. ``_is_gfx95``, as the
-process has it), the EPLB predicate answers the scenario (and counts its reads), the
-remap is a recording stand-in that rotates experts (so a second remap shows), recorders
-are silent, the MoE backend is not DeepEP, and the fused shared-expert append is a torch
-copy of upstream's kernel.
-Nothing in the module, ``sys.modules`` or another thread's view changes; the batch lives
-on the CPU. Scenarios, as a server produces them: EPLB off without dispatch info (the
-default server), EPLB off with one, EPLB on, and a fused shared expert appended (aiter)
-with EPLB off. Never raises.
+A plugin that makes a correct SGLang wrong is worse than none: the plugin hooks only what it
+sees wrong, then checks that the hooked call comes out right. The function (and every
+module-level function of its module) is re-created over a copy of its module's globals in
+which the platform says HIP, the EPLB predicate answers the scenario, the remap is a
+stand-in that rotates experts (a second remap shows), recorders are silent, the backend is
+not DeepEP and the fused shared-expert append is a torch copy of upstream's kernel; it runs
+under ``bounds.Bounded``. Scenarios, as a server produces them: EPLB off without dispatch
+info (the default server), EPLB off with one, EPLB on, a shared expert appended (aiter).
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import dataclasses
 import importlib.util
 import inspect
 import linecache
+import sys
 import time
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -32,13 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_amd_moe.runtime.sglang import names
+from sglang_amd_moe.runtime.sglang.bounds import Bounded, Deadline, ProbeAbort
 
 # The batch: 8 rows of which 5 are real, top-4 of 16 experts. Padded rows hold what a
 # router can leave there: out of range both ways and -1, with NaN weights.
 ROWS, REAL, TOPK, EXPERTS = 8, 5, 4, 16
 PAD_IDS = ((9999, -1, 16, 123456), (-1, -1, -1, -1), (16, 17, 9999, -5))
 SHIFT = 5  # the probe's placement: logical e lives at physical (e + SHIFT) % EXPERTS
-SHARED_SCALE = 2.5  # the appended shared expert's weight
 
 #: (name, EPLB on, dispatch info passed, a fused shared expert appended)
 SCENARIOS = (
@@ -54,28 +49,17 @@ class Observation:
     """One scenario's run and what it showed."""
 
     scenario: str
-    #: The output is what a correct release returns.
-    ok: bool
-    #: What was wrong, in words (empty when ``ok``).
-    findings: tuple[str, ...] = ()
-    #: ``"Type: message"`` when the call raised.
-    raised: str = ""
-    #: Padded rows' routed ids are exactly the garbage they came in with.
-    pad_ids_untouched: bool = False
-    #: Padded rows' ids are all in range (the shared expert's id included).
-    pad_ids_in_range: bool = False
-    #: Padded rows' weights are all 0.
+    ok: bool  # the output is what a correct release returns
+    findings: tuple[str, ...] = ()  # what was wrong, in words
+    raised: str = ""  # "Type: message" when the call raised
+    pad_ids_untouched: bool = False  # padded ids are exactly the garbage they came in with
+    pad_ids_in_range: bool = False  # (the shared expert's id included)
     pad_weights_zero: bool = False
-    #: Real rows' routed ids: ``as-given``, ``remapped-once``, ``remapped-twice``, ``other``.
-    real_ids: str = ""
-    #: Real rows' routed weights are bit-identical to the input.
-    real_weights_same: bool = False
-    #: Calls of the remap with the probe's dispatch info.
-    remaps: int = 0
-    #: One of those calls was handed padded ids out of range.
-    remap_read_garbage: bool = False
-    #: Reads of the EPLB predicate (or of the server's EPLB settings).
-    predicate_reads: int = 0
+    real_ids: str = ""  # as-given, remapped-once, remapped-twice or other
+    real_weights_same: bool = False  # bit-identical to the input
+    remaps: int = 0  # calls of the remap with the probe's dispatch info
+    remap_read_garbage: bool = False  # one of them was handed padded ids out of range
+    predicate_reads: int = 0  # of the EPLB predicate or of the server's EPLB settings
 
 
 @dataclass(frozen=True)
@@ -84,21 +68,16 @@ class ProbeResult:
 
     ran: bool
     why: str = ""
-    #: Every scenario that ran without raising came out as a correct release's, the
-    #: three EPLB scenarios at least.
-    correct: bool = False
-    #: The behaviour, named like the forms it matches (``fixed``, ``no-hip-handling``,
-    #: ``weights-only``, ``mask-under-eplb-guard``) or ``unknown``; "" when not run.
-    behaviour: str = ""
+    correct: bool = False  # every scenario run without raising came out right (EPLB's all)
+    behaviour: str = ""  # the form it behaves as, or unknown ("" when not run)
     findings: tuple[str, ...] = ()
     observations: tuple[Observation, ...] = ()
-    #: Upstream called the remap with the probe's dispatch info in some scenario.
-    upstream_remaps: bool = False
-    #: Some code read the EPLB predicate (so the EPLB-on scenario really was one).
-    eplb_steered: bool = False
-    #: CUDA got initialised while the probe ran (the code run touched the GPU).
-    touched_cuda: bool = False
+    upstream_remaps: bool = False  # upstream called the remap with the probe's info
+    eplb_steered: bool = False  # the EPLB predicate was read (EPLB-on really was on)
+    touched_cuda: bool = False  # the code run reached torch.cuda (and was stopped)
     seconds: float = 0.0
+    calls: int = 0  # calls of upstream's function
+    side_effects: tuple[str, ...] = ()  # what the run changed (put back), threads left
 
     def summary(self) -> str:
         """One line for logs and the audit."""
@@ -131,14 +110,14 @@ class ProbeResult:
 # ----------------------------------------------------------------------- stand-ins
 
 
+@dataclass
 class _Record:
     """Counters one scenario's stand-ins write to."""
 
-    def __init__(self, eplb: bool) -> None:
-        self.eplb = eplb
-        self.remaps = 0
-        self.remap_read_garbage = False
-        self.predicate_reads = 0
+    eplb: bool
+    remaps: int = 0
+    remap_read_garbage: bool = False
+    predicate_reads: int = 0
 
 
 class DispatchInfo:
@@ -194,28 +173,20 @@ class _ModuleView:
         return getattr(self._module, name)
 
 
-def fused_append_shared_experts(
-    topk_ids,
-    topk_weights,
-    num_fused_shared_experts,
-    scale_factor,
-    N=None,
-    num_token_non_padded=None,
-):
+def fused_append_shared_experts(ids_in, w_in, shared, scale, N=None, num_token_non_padded=None):
     """Upstream's Triton append (``fused_moe_triton_kernels``), in torch: shared expert
-    ``N + s`` with weight ``scale_factor`` after every row's routed ones; with a count,
-    padded rows get routed ids 0 and every weight 0."""
+    ``N + s`` with weight ``scale`` after every row's routed ones; with a count, padded
+    rows get routed ids 0 and every weight 0."""
     import torch
 
-    m, s = topk_ids.shape[0], int(num_fused_shared_experts)
+    m, s = ids_in.shape[0], int(shared)
     if s <= 0:
-        return topk_ids, topk_weights
-    shared_ids = (N + torch.arange(s, dtype=topk_ids.dtype)).expand(m, s)
-    ids = torch.cat([topk_ids, shared_ids], dim=1)
-    weights = torch.cat([topk_weights, torch.full((m, s), float(scale_factor))], dim=1)
+        return ids_in, w_in
+    ids = torch.cat([ids_in, (N + torch.arange(s, dtype=ids_in.dtype)).expand(m, s)], dim=1)
+    weights = torch.cat([w_in, torch.full((m, s), float(scale))], dim=1)
     if num_token_non_padded is not None:
         pad = torch.arange(m) >= num_token_non_padded.reshape(-1)[0]
-        ids[pad, : topk_ids.shape[1]] = 0
+        ids[pad, : ids_in.shape[1]] = 0
         weights[pad] = 0.0
     return ids, weights
 
@@ -250,17 +221,13 @@ def _standins(
         record.predicate_reads += 1
         return record.eplb
 
-    out: dict[str, Any] = {names.REMAP: remap}
-    for name in names.REMAP_PREDICATES:
-        out[name] = predicate
+    out: dict[str, Any] = {names.REMAP: remap, names.CAPTURE: lambda *a, **k: None}
+    out.update(dict.fromkeys(names.REMAP_PREDICATES, predicate))
     for name in names.ARGS_ACCESSORS:
         real = namespace.get(name)
         out[name] = lambda real=real: _EplbArgs(record, real if callable(real) else None)
-    for name in names.SILENT:
-        out[name] = lambda *a, **k: _Silent()
-    out[names.CAPTURE] = lambda *a, **k: None
-    for name in names.NOT_DEEPEP:
-        out[name] = lambda *a, **k: False
+    out.update(dict.fromkeys(names.SILENT, lambda *a, **k: _Silent()))
+    out.update(dict.fromkeys(names.NOT_DEEPEP, lambda *a, **k: False))
     return out
 
 
@@ -271,24 +238,20 @@ def _hip_namespace(
     predicates: Iterable[str],
     shared: bool,
 ) -> dict[str, Any]:
-    """A copy of ``namespace`` that says HIP, with the stand-ins, and with its own
-    copies of the module's functions bound to it."""
-    g = dict(namespace)
-    for name in (names.HIP_FLAG, *hip_flags):
-        g[name] = True
-    for name in names.NOT_HIP_FLAGS:
-        if name in g:
-            g[name] = False
-    for name in names.HIP_CALLS:
-        g[name] = lambda *a, **k: True
-    for name in names.NOT_HIP_CALLS:
-        g[name] = lambda *a, **k: False
+    """A copy of ``namespace`` (and of its containers) that says HIP, with the stand-ins,
+    and with its own copies of the module's functions bound to it."""
+    g = {
+        k: copy.copy(v) if isinstance(v, dict | list | set) and not k.startswith("__") else v
+        for k, v in namespace.items()
+    }
+    g.update(dict.fromkeys((names.HIP_FLAG, *hip_flags), True))
+    g.update({name: False for name in names.NOT_HIP_FLAGS if name in g})
+    g.update(dict.fromkeys(names.HIP_CALLS, lambda *a, **k: True))
+    g.update(dict.fromkeys(names.NOT_HIP_CALLS, lambda *a, **k: False))
     if shared:
         g[names.USE_AITER] = True  # aiter's fused shared-expert append
     g.update(standins)
-    pred = standins[names.REMAP_PREDICATES[0]]
-    for name in predicates:
-        g[name] = pred
+    g.update(dict.fromkeys(predicates, standins[names.REMAP_PREDICATES[0]]))
     overrides = {n: standins[n] for n in names.ARGS_ACCESSORS}
     real_import = builtins.__import__
     package = namespace.get("__package__") or ""
@@ -347,33 +310,31 @@ def probe(
     hip_flags: Iterable[str] = (),
     predicates: Iterable[str] = (),
     wrap: Wrap | None = None,
+    deadline: Deadline | None = None,
 ) -> ProbeResult:
     """Run ``fn`` (upstream's function, unwrapped) as a HIP process would in every
-    scenario and compare with a correct release.
-
-    ``namespace``: the globals to copy (default ``fn.__globals__``). ``hip_flags``:
-    module names besides ``_is_hip`` that mean HIP; ``predicates``: module functions that
-    are the EPLB predicate (both from ``ledger.read``). ``wrap(upstream, env)``: what to
-    run instead of upstream, composed with it (how a hook checks its plan). Never raises.
-    """
+    scenario and compare with a correct release. Never raises. ``namespace``: the globals
+    to copy (default ``fn.__globals__``); ``hip_flags``, ``predicates``: module names that
+    mean HIP and EPLB predicates (``ledger.read``); ``wrap(upstream, env)``: what to run
+    instead, composed with upstream (a hook checking its plan); ``deadline``: when running
+    stops (default: ``bounds``' limits from now)."""
     t0 = time.perf_counter()
+    deadline = deadline or Deadline.start()
     try:
-        return _probe(fn, namespace, tuple(hip_flags), tuple(predicates), wrap, t0)
+        return _probe(fn, namespace, tuple(hip_flags), tuple(predicates), wrap, t0, deadline)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a probe must never take its caller down
-        return ProbeResult(
-            False, f"probe failed: {type(exc).__name__}: {exc}", seconds=time.perf_counter() - t0
-        )
+        why = f"probe failed: {type(exc).__name__}: {exc}"
+        return ProbeResult(False, why, seconds=time.perf_counter() - t0)
 
 
-def _probe(fn, namespace, hip_flags, predicates, wrap, t0) -> ProbeResult:
+def _probe(fn, namespace, hip_flags, predicates, wrap, t0, deadline) -> ProbeResult:
     import torch
 
     if not isinstance(fn, types.FunctionType):
-        return ProbeResult(
-            False, f"{names.FUNCTION_NAME} is not a plain Python function ({type(fn).__name__})"
-        )
+        kind = type(fn).__name__
+        return ProbeResult(False, f"{names.FUNCTION_NAME} is not a plain Python function ({kind})")
     namespace = fn.__globals__ if namespace is None else namespace
     try:
         params = inspect.signature(fn).parameters
@@ -384,28 +345,38 @@ def _probe(fn, namespace, hip_flags, predicates, wrap, t0) -> ProbeResult:
         return ProbeResult(False, f"the function has no parameter {', '.join(missing)}")
     if namespace.get("TopKConfig") is None:
         return ProbeResult(False, "the module has no TopKConfig")
-    cuda_before = _cuda_initialized(torch)
-    info = DispatchInfo(torch)
-    observations = []
-    for scenario, eplb, with_info, shared in SCENARIOS:
-        record = _Record(eplb)
-        standins = _standins(torch, record, info, namespace)
-        g = _hip_namespace(namespace, standins, hip_flags, predicates, shared)
-        target = rebind(fn, g)
-        if wrap is not None:
-            env = ProbeEnv(lambda: True, standins[names.REMAP_PREDICATES[0]], standins[names.REMAP])
-            target = wrap(target, env)
-        run = _Run(torch, scenario, record, info if with_info else None, shared)
-        observations.append(run.call(target, params, namespace))
-    touched = not cuda_before and _cuda_initialized(torch)
-    return _judge(observations, touched, time.perf_counter() - t0)
-
-
-def _cuda_initialized(torch: Any) -> bool:
-    try:
-        return bool(torch.cuda.is_initialized())
-    except Exception:
-        return False
+    home = sys.modules.get(namespace.get("__name__", ""))
+    watched = [v for v in namespace.values() if isinstance(v, types.ModuleType)]
+    observations: list[Observation] = []
+    calls = 0
+    with Bounded(deadline, [home, *watched] if home else watched) as bounds:
+        info = DispatchInfo(torch)
+        for scenario, eplb, with_info, shared in SCENARIOS:
+            record = _Record(eplb)
+            standins = _standins(torch, record, info, namespace)
+            g = _hip_namespace(namespace, standins, hip_flags, predicates, shared)
+            target = rebind(fn, g)
+            if wrap is not None:
+                pred, remap = standins[names.REMAP_PREDICATES[0]], standins[names.REMAP]
+                target = wrap(target, ProbeEnv(lambda: True, pred, remap))
+            run = _Run(torch, scenario, record, info if with_info else None, shared)
+            calls += 1
+            observations.append(run.call(target, params, namespace))
+    seconds = time.perf_counter() - t0
+    effects = (
+        *bounds.written,
+        *(f"torch's {k} (put back)" for k in bounds.restored),
+        *(f"thread {t} started and still running" for t in bounds.threads),
+    )
+    common = {"seconds": seconds, "calls": calls, "side_effects": effects}
+    took = f"after {calls} upstream calls in {seconds * 1e3:.0f} ms"
+    if bounds.why:
+        why = f"stopped {took}: {bounds.why}"
+        return ProbeResult(False, why, touched_cuda=bounds.reached_cuda, **common)
+    if bounds.kept:
+        why = f"the code run wrote what cannot be put back: {', '.join(bounds.kept)}"
+        return ProbeResult(False, why, **common)
+    return dataclasses.replace(_judge(observations), **common)
 
 
 def _config(namespace: Mapping[str, Any], shared: bool) -> Any:
@@ -443,7 +414,7 @@ class _Run:
         if "topk_config" in params:
             try:
                 kwargs["topk_config"] = _config(namespace, self.shared)
-            except Exception as exc:  # noqa: BLE001 - no shared-expert config here
+            except Exception as exc:  # no shared-expert config here
                 return self._raised(exc)
         if "router_logits" in params:
             gen = torch.Generator().manual_seed(7)
@@ -453,7 +424,7 @@ class _Run:
         try:
             out = target(**kwargs)
             return self._observe(out[0], out[1])
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, ProbeAbort):
             raise
         except BaseException as exc:  # noqa: BLE001 - what upstream raised is an observation
             return self._raised(exc)
@@ -468,14 +439,9 @@ class _Run:
         widths = (TOPK, TOPK + 1) if self.shared else (TOPK,)
         width = out_ids.shape[-1] if out_ids.ndim == 2 else -1
         if width not in widths or tuple(out_ids.shape) != tuple(out_w.shape):
-            shapes = f"{tuple(out_ids.shape)}/{tuple(out_w.shape)}"
-            return Observation(
-                scenario,
-                False,
-                (f"{scenario}: output shapes {shapes}, not {(ROWS, width)}",),
-                remaps=record.remaps,
-                predicate_reads=record.predicate_reads,
-            )
+            why = f"{scenario}: output shapes {tuple(out_ids.shape)}/{tuple(out_w.shape)}"
+            counts = {"remaps": record.remaps, "predicate_reads": record.predicate_reads}
+            return Observation(scenario, False, (f"{why}, not {(ROWS, width)}",), **counts)
         ids = out_ids.to(torch.long)
         pad = ids[REAL:]
         pad_untouched = bool((pad[:, :TOPK] == torch.tensor(PAD_IDS)).all())
@@ -483,14 +449,9 @@ class _Run:
         pad_zero = bool((out_w[REAL:] == 0).all())
         perm = DispatchInfo(torch).partial_logical_to_rank_dispatch_physical_map.to(torch.long)
         given, real = self.real_ids.to(torch.long), ids[:REAL, :TOPK]
-        if torch.equal(real, given):
-            real_state = "as-given"
-        elif torch.equal(real, perm[given]):
-            real_state = "remapped-once"
-        elif torch.equal(real, perm[perm[given]]):
-            real_state = "remapped-twice"
-        else:
-            real_state = "other"
+        states = {"as-given": given, "remapped-once": perm[given], "twice": perm[perm[given]]}
+        real_state = next((k for k, v in states.items() if torch.equal(real, v)), "other")
+        real_state = "remapped-twice" if real_state == "twice" else real_state
         routed_w = out_w[:REAL, :TOPK].contiguous()
         w_same = bool(torch.equal(routed_w.view(torch.int32), self.real_w.view(torch.int32)))
         want = "remapped-once" if record.eplb else "as-given"
@@ -511,58 +472,31 @@ class _Run:
         if record.remap_read_garbage:
             findings.append(f"{scenario}: the remap read padded ids out of range")
         return Observation(
-            scenario,
-            not findings,
-            tuple(findings),
-            pad_ids_untouched=pad_untouched,
-            pad_ids_in_range=pad_in_range,
-            pad_weights_zero=pad_zero,
-            real_ids=real_state,
-            real_weights_same=w_same,
-            remaps=record.remaps,
-            remap_read_garbage=record.remap_read_garbage,
-            predicate_reads=record.predicate_reads,
-        )
+            scenario, not findings, tuple(findings), "", pad_untouched, pad_in_range, pad_zero,
+            real_state, w_same, record.remaps, record.remap_read_garbage, record.predicate_reads,
+        )  # fmt: skip
 
 
-def _judge(obs: list[Observation], touched: bool, seconds: float) -> ProbeResult:
+def _judge(obs: list[Observation]) -> ProbeResult:
     eplb = obs[:3]  # the three EPLB scenarios; obs[3] is the shared-expert one
-    on = eplb[2]
     counted = [o for o in obs if o in eplb or not o.raised]
     findings = tuple(f for o in counted for f in o.findings)
-    if touched:
-        findings += ("the code run initialised CUDA",)
     common = {
         "observations": tuple(obs),
         "upstream_remaps": any(o.remaps for o in obs),
-        "eplb_steered": on.predicate_reads > 0,
-        "touched_cuda": touched,
-        "seconds": seconds,
+        "eplb_steered": eplb[2].predicate_reads > 0,
     }
-    if any(o.raised for o in eplb):
-        return ProbeResult(True, "", False, "unknown", findings, **common)
     if not findings:
         return ProbeResult(True, "", True, "fixed", (), **common)
-    plain = all(
-        o.pad_ids_untouched and o.real_ids == "as-given" and o.real_weights_same for o in eplb
-    )
-    if plain and not any(o.remaps for o in eplb):
-        if all(o.pad_weights_zero for o in eplb):
-            behaviour = "weights-only"
-        elif not any(o.pad_weights_zero for o in eplb):
-            behaviour = "no-hip-handling"
-        else:
-            behaviour = "unknown"
-    elif on.ok and all(
-        o.pad_ids_untouched
-        and o.pad_weights_zero
-        and o.real_ids == "as-given"
-        and o.real_weights_same
-        for o in eplb[:2]
-    ):
+    plain = [o.pad_ids_untouched and o.real_ids == "as-given" and o.real_weights_same for o in eplb]
+    zeroed = {o.pad_weights_zero for o in eplb}
+    behaviour = "unknown"
+    if any(o.raised for o in eplb):
+        pass
+    elif all(plain) and not any(o.remaps for o in eplb) and len(zeroed) == 1:
+        behaviour = "weights-only" if zeroed == {True} else "no-hip-handling"
+    elif eplb[2].ok and all(plain[:2]) and all(o.pad_weights_zero for o in eplb[:2]):
         behaviour = "mask-under-eplb-guard"
-    else:
-        behaviour = "unknown"
     return ProbeResult(True, "", False, behaviour, findings, **common)
 
 
@@ -580,11 +514,9 @@ def probe_module(module: Any, **kw: Any) -> ProbeResult:
 
 
 def function_from_source(module: Any, source: str) -> tuple[Callable[..., Any], dict[str, Any]]:
-    """``_post_process_topk_ids`` as ``source`` (a full topk.py text, e.g. one a patch
-    produced) defines it, over a copy of the live ``module``'s globals: the module-level
-    statements of ``source`` that differ from the installed file's are run in the copy
-    (the module itself is not touched). Raises on a source that does not compile or binds
-    no such function."""
+    """``_post_process_topk_ids`` as ``source`` (a full topk.py text, e.g. a patch's result)
+    defines it, over a copy of the live ``module``'s globals in which the module-level
+    statements that differ from the installed file's ran. Raises when it binds none."""
     have = {ast.dump(s) for s in ast.parse(inspect.getsource(module)).body}
     changed = [
         s for s in ast.parse(source).body if ast.dump(s) not in have and not isinstance(s, ast.Expr)
@@ -603,13 +535,8 @@ def compile_over(module: Any, statements: list[ast.stmt], source: str) -> dict[s
 
     filename = f"<{getattr(module, '__file__', module.__name__)} as rewritten {hash(source)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    code = compile(
-        ast.Module(body=statements, type_ignores=[]),
-        filename,
-        "exec",
-        flags=__future__.annotations.compiler_flag,
-        dont_inherit=True,
-    )
+    tree, flags = ast.Module(body=statements, type_ignores=[]), __future__.annotations.compiler_flag
+    code = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
     ns = dict(vars(module))
     exec(code, ns)  # noqa: S102 - the rewritten statements, in a copy of the namespace
     for name, value in list(ns.items()):
@@ -623,9 +550,8 @@ def probe_source(module: Any, source: str, **kw: Any) -> ProbeResult:
     is offered), against the live module's globals. Never raises."""
     try:
         fn, ns = function_from_source(module, source)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: BLE001
-        why = f"the rewritten source does not load: {type(exc).__name__}: {exc}"
-        return ProbeResult(False, why)
+    except (Exception, SystemExit) as exc:
+        return ProbeResult(
+            False, f"the rewritten source does not load: {type(exc).__name__}: {exc}"
+        )
     return probe(fn, ns, **kw)

@@ -1,14 +1,11 @@
 """The one place that reads SGLang's ``HookRegistry`` beyond its public calls.
 
-SGLang's plugin framework (``sglang.srt.plugins``, 0.5.11 and later) documents
-``HookRegistry.register(target, hook, hook_type)`` and ``apply_hooks()``. The hook also
-needs: whether its hook is registered (``HookRegistry._hooks``: target -> list of
-``(HookType, hook, source)``), whether a target was patched already (``_patched``: the
-registry then skips later hooks), and whether it runs inside ``load_plugins()`` (the
-context variable ``hook_registry._current_plugin_source``). Read from the 0.5.11,
-0.5.12.post1, 0.5.13, 0.5.13.post1, 0.5.14 and 0.5.23 wheels; newer SGLang's public
-``HookRegistry.is_hook_applied`` is used where it exists. Every accessor tolerates a
-registry without these fields and imports SGLang only when asked to.
+``sglang.srt.plugins.hook_registry`` (0.5.11 and later) documents ``register(target, hook,
+hook_type)`` and ``apply_hooks()``. The hook also reads ``HookRegistry._hooks`` (target ->
+``(HookType, hook, source)`` entries), ``_patched`` (targets applied: later hooks are
+skipped), the context variable ``_current_plugin_source`` (set inside ``load_plugins()``),
+and ``is_hook_applied`` where a release has it; as read from the 0.5.11 - 0.5.23 wheels.
+Every accessor tolerates a registry without them and imports SGLang only when asked to.
 """
 
 from __future__ import annotations
@@ -34,39 +31,35 @@ def load() -> Any | None:
     return hook_registry
 
 
-def _registry(module: Any | None) -> Any | None:
-    return getattr(module, "HookRegistry", None) if module is not None else None
+def _entries(module: Any | None, target: str) -> list:
+    registry = getattr(module or loaded(), "HookRegistry", None)
+    try:
+        return getattr(registry, "_hooks", {}).get(target) or []
+    except (AttributeError, TypeError):
+        return []
 
 
 def registered(target: str, hook: Callable[..., Any], module: Any | None = None) -> bool:
     """``hook`` is in the registry's list for ``target`` (applied or not)."""
-    registry = _registry(module or loaded())
-    entries = getattr(registry, "_hooks", {}) if registry is not None else {}
     try:
-        return any(entry[1] is hook for entry in entries.get(target, ()))
-    except (AttributeError, IndexError, TypeError):
+        return any(entry[1] is hook for entry in _entries(module, target))
+    except (IndexError, TypeError):
         return False
 
 
 def patched(target: str, module: Any | None = None) -> bool:
     """The registry has applied its hooks to ``target`` (later registrations are skipped)."""
-    registry = _registry(module or loaded())
-    done = getattr(registry, "_patched", ()) if registry is not None else ()
     try:
-        return target in done
+        return target in getattr(getattr(module or loaded(), "HookRegistry", None), "_patched", ())
     except TypeError:
         return False
 
 
 def hook_applied(target: str, hook: Callable[..., Any], module: Any | None = None) -> bool | None:
-    """SGLang's own answer (``HookRegistry.is_hook_applied``) where the release has it;
-    None where it does not (the caller then looks at the function itself)."""
-    registry = _registry(module or loaded())
-    query = getattr(registry, "is_hook_applied", None) if registry is not None else None
-    if not callable(query):
-        return None
+    """``HookRegistry.is_hook_applied`` where the release has it; else None."""
+    query = getattr(getattr(module or loaded(), "HookRegistry", None), "is_hook_applied", None)
     try:
-        return bool(query(target, hook))
+        return bool(query(target, hook)) if callable(query) else None
     except Exception:
         return None
 
@@ -77,15 +70,12 @@ def pending(target: str, hook: Callable[..., Any], module: Any | None = None) ->
     if module is None or not registered(target, hook, module):
         return False
     applied = hook_applied(target, hook, module)
-    if applied is not None:
-        return not applied
-    return not patched(target, module)
+    return not (patched(target, module) if applied is None else applied)
 
 
 def inside_load_plugins(module: Any | None = None) -> bool:
     """This call runs inside ``load_plugins()`` (which applies the hooks right after)."""
-    module = module or loaded()
-    current = getattr(module, "_current_plugin_source", None) if module is not None else None
+    current = getattr(module or loaded(), "_current_plugin_source", None)
     try:
         return current is not None and current.get() is not None
     except Exception:
@@ -104,18 +94,13 @@ def apply_hooks(module: Any) -> None:
 
 
 def unregister(target: str, hook: Callable[..., Any], module: Any | None = None) -> bool:
-    """Take ``hook`` out of the registry's list for ``target`` before it is applied;
-    True when it was there."""
-    registry = _registry(module or loaded())
-    entries = getattr(registry, "_hooks", None) if registry is not None else None
+    """Take ``hook`` out of the registry's list for ``target`` before it is applied."""
+    items = _entries(module, target)
     try:
-        items = entries.get(target) if entries is not None else None
-        if not items:
-            return False
         keep = [e for e in items if e[1] is not hook]
         if len(keep) == len(items):
             return False
         items[:] = keep
         return True
-    except (AttributeError, IndexError, TypeError):
+    except (IndexError, TypeError):
         return False

@@ -60,7 +60,7 @@ class Expect:
     #: The probe's behaviour verdict on the function that runs (None: the probe cannot
     #: run it).
     probe: str | None
-    #: ``sglang_hook.status().state`` after ``load_plugins()``.
+    #: ``sglang_hook.status().state`` once topk is imported after ``load_plugins()``.
     state: str
     #: The plan's remap ("upstream", "add", "own"; None when nothing is hooked).
     remap: str | None = None

@@ -177,24 +177,29 @@ def run_variant(
         driver.load(res, "load")
         out["load_raised"] = res["load_raised"]
     out["timings"]["load"] = round(time.perf_counter() - t, 3)
-    st = sglang_hook.status()
-    out["status"] = driver.status_dict(st)
-    detail = dict(st.detail) if st is not None else {}
-    out["plan"] = detail.get("plan")
-    out["plugin_probe"] = (detail.get("probe") or {}).get("behaviour")
-    out["plugin_probe_s"] = (detail.get("probe") or {}).get("seconds")
-    out["plugin_classifier"] = (detail.get("file") or {}).get("form")
-    out["summary_lines"] = [
-        r
-        for r in logs.records[first_log:]
-        if r["logger"] == "sglang_amd_moe" and r["msg"].startswith("sglang-amd-moe: sglang ")
-    ]
+
+    def decided() -> None:  # at load, or when topk is imported (a body not known as fixed)
+        st = sglang_hook.status()
+        out["status"] = driver.status_dict(st)
+        detail = dict(st.detail) if st is not None else {}
+        out["plan"] = detail.get("plan")
+        out["plugin_probe"] = (detail.get("probe") or {}).get("behaviour")
+        out["plugin_probe_s"] = (detail.get("probe") or {}).get("seconds")
+        out["plugin_classifier"] = (detail.get("file") or {}).get("form")
+        out["summary_lines"] = [
+            r
+            for r in logs.records[first_log:]
+            if r["logger"] == "sglang_amd_moe" and r["msg"].startswith("sglang-amd-moe: sglang ")
+        ]
+
     try:
         tk = importlib.import_module(TOPK)
     except BaseException as exc:  # a SystemExit variant included
+        decided()
         out["import_error"] = f"{type(exc).__name__}: {exc}"
         out["timings"]["total"] = round(time.perf_counter() - t0, 3)
         return out
+    decided()
     live = tk._post_process_topk_ids
     upstream = inspect.unwrap(live)
     emulate_hip(tk, live, v.hip_flags)

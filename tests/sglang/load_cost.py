@@ -1,0 +1,98 @@
+"""The plugin's own share of plugin load, per process kind: run in a release's interpreter.
+
+``python tests/sglang/load_cost.py [REPEATS]`` prints one JSON line per case: fresh
+interpreters that import what that SGLang process imports before ``load_plugins()``, then
+time ``load_plugins()`` with ``SGLANG_PLUGINS`` naming this plugin (on) or another name
+only (off: SGLang discovers and skips it); the share is the difference of the medians.
+Where the release has no loader, on calls ``register()`` and off nothing.
+``SGLANG_AMD_MOE_FORCE=1`` stands for a ROCm torch; a first, uncounted run writes the
+bytecode an installed package has. Cases:
+
+- ``launcher``: ``sglang.launch_server`` imported (torch imported, topk not);
+- ``scheduler``: ``sglang.srt.managers.scheduler`` imported (topk not yet: a scheduler
+  imports it later, with the model);
+- ``topk-imported``: the launcher's modules and topk imported before the plugin loads;
+- ``bare``: nothing imported; ``register()`` called directly (is torch imported for it?).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+CHILD = r"""
+import importlib, sys, time
+case = sys.argv[1]
+pre = {"launcher": ["sglang.launch_server"],
+       "scheduler": ["sglang.srt.managers.scheduler"],
+       "topk-imported": ["sglang.launch_server", "sglang.srt.layers.moe.topk"],
+       "bare": []}[case]
+for m in pre:
+    importlib.import_module(m)
+torch_before = "torch" in sys.modules
+try:
+    from sglang.srt.plugins import load_plugins
+except ImportError:
+    load_plugins = None
+t = time.perf_counter()
+if case == "bare" or load_plugins is None:
+    if sys.argv[2] == "on":
+        from sglang_amd_moe.runtime.plugin import register
+        register()
+else:
+    load_plugins()
+s = time.perf_counter() - t
+print("COST", s, torch_before, "torch" in sys.modules,
+      "sglang.srt.layers.moe.topk" in sys.modules)
+"""
+
+
+def measure(case: str, on: bool) -> tuple[float, bool, bool, bool]:
+    # Bytecode cached, as an installed package has it (the first run writes it).
+    drop = ("SGLANG_AMD_MOE_", "PYTHONDONTWRITEBYTECODE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(SGLANG_AMD_MOE_FORCE="1", SGLANG_PLUGINS="sglang_amd_moe" if on else "none")
+    if case == "bare" and not on:
+        return 0.0, False, False, False
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, case, "on" if on else "off"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    line = [x for x in out.stdout.splitlines() if x.startswith("COST ")]
+    if not line:
+        raise RuntimeError(out.stderr.strip().splitlines()[-1])
+    _, s, before, after, topk = line[-1].split()
+    return float(s), before == "True", after == "True", topk == "True"
+
+
+def main(argv: list[str]) -> int:
+    repeats = int(argv[0]) if argv else 3
+    import importlib.metadata
+
+    version = importlib.metadata.version("sglang")
+    for case in ("launcher", "scheduler", "topk-imported", "bare"):
+        row: dict = {"sglang": version, "case": case}
+        for on in (False, True):
+            try:
+                runs = [measure(case, on) for _ in range(repeats + 1)][1:]  # first: warm-up
+            except RuntimeError as exc:  # this release cannot import what the case needs
+                row["error"] = str(exc)
+                break
+            key = "on" if on else "off"
+            row[f"{key}_s"] = round(statistics.median(r[0] for r in runs), 3)
+            row[f"{key}_torch_before"], row[f"{key}_torch_after"] = runs[0][1], runs[0][2]
+            row[f"{key}_topk_after"] = runs[0][3]
+        if "error" not in row:
+            row["share_s"] = round(row["on_s"] - row["off_s"], 3)
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
