@@ -14,6 +14,7 @@ Only the standard library is used.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -80,15 +81,21 @@ def patch_path(name: str) -> str:
     return str(resources.files("sglang_amd_moe.patches").joinpath(name))
 
 
-def apply_command(target_file: str, name: str) -> str:
-    """The shell command that applies shipped patch ``name`` to ``target_file`` with GNU
-    patch, all or nothing.
+def apply_args(target_file: str, name: str) -> str:
+    """GNU patch's arguments for shipped patch ``name`` on ``target_file``: a symlink is
+    given as the file it points to (patch refuses links), and a name starting with ``-``
+    as ``./-...`` (patch would read it as options)."""
+    if os.path.islink(target_file):
+        target_file = os.path.realpath(target_file)
+    if target_file.startswith("-"):
+        target_file = "./" + target_file
+    return f"{PATCH_OPTIONS} {shlex.quote(target_file)} {shlex.quote(patch_path(name))}"
 
-    A dry run goes first because GNU patch writes the hunks that match even when another
-    one fails; with :data:`PATCH_OPTIONS` it leaves no backup or reject files and refuses
-    a second application (``--forward``).
-    """
-    args = f"{PATCH_OPTIONS} {shlex.quote(target_file)} {shlex.quote(patch_path(name))}"
+
+def apply_command(target_file: str, name: str) -> str:
+    """The shell command that applies ``name`` to ``target_file``, all or nothing: GNU
+    patch writes the hunks that match even when another fails, so a dry run goes first."""
+    args = apply_args(target_file, name)
     return f"patch --dry-run {args} && patch {args}"
 
 
