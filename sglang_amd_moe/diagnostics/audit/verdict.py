@@ -11,17 +11,22 @@ from sglang_amd_moe.diagnostics import patching
 from sglang_amd_moe.diagnostics.audit import plugins
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView, Route
 from sglang_amd_moe.diagnostics.audit.read import (
-    AITER,
     BROKEN_FORMS,
     GOOD_FORMS,
+    GUARD,
     PATCH_FAILS_PROBE,
     SGLANG,
     TargetReport,
 )
+from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import names
 from sglang_amd_moe.runtime.target import HookStatus
 
-_PENDING_ON = {SGLANG: "SGLang to apply its hooks", AITER: "aiter.fused_moe to be imported"}
+STRICT = "SGLANG_AMD_MOE_STRICT=1: the plugin leaves a body it does not know to upstream"
+_RUNS_IT = (
+    "where the plugin loads, it runs the function on a CPU batch and hooks only what it sees "
+    "wrong (`sglang-amd-moe audit --load` runs it here)"
+)
 
 
 @dataclass(frozen=True)
@@ -42,15 +47,27 @@ def needs(reason: str, hook: str = "-") -> Verdict:
 
 def verdict(rep: TargetReport, view: PluginView | None) -> Verdict:
     """The verdict on one target before drift is considered."""
+    if not rep.installed and rep.target != SGLANG:
+        return ok(
+            f"aiter is not installed here: the {rep.target} part has nothing to do", "-", False
+        )
+    if not rep.installed and view is not None and view.vllm_installed and view.aiter_dir:
+        return ok(
+            "SGLang is not installed here (vLLM and aiter are: the aiter part applies)", "-", False
+        )
     if not rep.installed:
-        return _missing(rep, view)
+        why = f"SGLang is not installed in this interpreter ({sys.executable})"
+        return needs(f"{why}: run the audit with the python that runs the server")
+    if rep.target == GUARD:  # optional protection: its state feeds the coverage
+        return dataclasses.replace(by_routes(rep, view), attention=False)
     if rep.patch_status == patching.ALREADY_APPLIED:
         if (rep.target, rep.form) in GOOD_FORMS:
             return ok(f"patched: {rep.patch} is applied to this file")
-        why = f"{rep.patch} is applied, but the result reads as {rep.form} ({rep.reason})"
-        return needs(why, "?")
+        return needs(
+            f"{rep.patch} is applied, but the result reads as {rep.form} ({rep.reason})", "?"
+        )
     if rep.form in BROKEN_FORMS:
-        return coverage(rep, view)
+        return by_routes(rep, view)
     if (rep.target, rep.form) in GOOD_FORMS:
         return ok(GOOD_FORMS[(rep.target, rep.form)])
     if rep.form == "absent":  # SGLang without the function
@@ -58,46 +75,32 @@ def verdict(rep: TargetReport, view: PluginView | None) -> Verdict:
             f"{rep.reason}: an SGLang older than any this package knows (0.5.9 or earlier?); "
             "neither the plugin nor a patch covers it"
         )
-    if rep.target == SGLANG:
-        nearest = f"; nearest known body: {rep.nearest['body']}" if rep.nearest else ""
+    if rep.target != SGLANG:
         return needs(
-            f"unknown: {rep.reason}{nearest}; where the plugin loads, it runs the function on "
-            "a CPU batch and hooks only what it sees wrong (`sglang-amd-moe audit --load` "
-            "runs it here); check this function by hand",
-            "?",
+            f"unrecognised form ({rep.reason}): the plugin leaves it alone; check it by hand", "?"
         )
-    why = f"unrecognised form ({rep.reason}): the plugin leaves it alone; check it by hand"
-    return needs(why, "?")
+    nearest = f"; nearest known body: {rep.nearest['body']}" if rep.nearest else ""
+    how = STRICT if env.flag("STRICT") else _RUNS_IT
+    return needs(f"unknown: {rep.reason}{nearest}; {how}; check this function by hand", "?")
 
 
-def _missing(rep: TargetReport, view: PluginView | None) -> Verdict:
-    if rep.target == AITER:
-        return ok("aiter is not installed here: the aiter part has nothing to do", covered=False)
-    if view is not None and view.vllm_installed and view.aiter_dir is not None:
-        why = "SGLang is not installed here (vLLM and aiter are: the aiter part applies)"
-        return ok(why, covered=False)
-    return needs(
-        f"SGLang is not installed in this interpreter ({sys.executable}): "
-        "run the audit with the python that runs the server"
-    )
-
-
-def coverage(rep: TargetReport, view: PluginView | None) -> Verdict:
-    """Whether the plugin covers the broken form of ``rep``, through any of its routes."""
+def by_routes(rep: TargetReport, view: PluginView | None) -> Verdict:
+    """Whether the plugin covers ``rep`` (a broken form, or the guard) through any route."""
+    what = rep.form or rep.target
     if view is None:
         return needs(
-            f"{rep.form}: the plugin of the image this file comes from cannot be seen from here: "
+            f"{what}: the plugin of the image this file comes from cannot be seen from here: "
             "install sglang-amd-moe there (SGLang >= 0.5.11) or apply the patch",
             "?",
         )
     seen = [
-        observed(rep, route) if view.loaded and route.host == "SGLang" else predicted(route)
-        for route in plugins.routes(rep.target, view)
+        observed(rep, r) if view.loaded and r.host == "SGLang" else predicted(r)
+        for r in plugins.routes(rep.target, view)
     ]
-    for covered, hook, why in seen:
-        if covered:
-            return ok(f"{rep.form}: covered: {why}", hook)
-    return needs(f"{rep.form}: not covered: {'; '.join(why for _, _, why in seen)}", seen[0][1])
+    covered = next(((hook, why) for c, hook, why in seen if c), None)
+    if covered:
+        return ok(f"{what}: covered: {covered[1]}", covered[0])
+    return needs(f"{what}: not covered: {'; '.join(why for _, _, why in seen)}", seen[0][1])
 
 
 def predicted(route: Route) -> tuple[bool, str, str]:
@@ -111,12 +114,20 @@ def predicted(route: Route) -> tuple[bool, str, str]:
 
 
 def observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
-    """The same for the SGLang route after ``load_plugins()`` ran here: the hook's status."""
+    """The same after ``load_plugins()`` ran here: the hook's status says."""
     st = rep.status
-    if st is not None and st.state == "live":
-        return True, "live", "hook live in this process"
-    if st is not None and st.state == "pending":
-        return True, "pending", f"hook installed, waiting for {_PENDING_ON[rep.target]}"
+    if st is not None and st.hooked:
+        on = (
+            "SGLang to apply its hooks"
+            if rep.target == SGLANG
+            else "aiter.fused_moe to be imported"
+        )
+        why = (
+            "hook live in this process"
+            if st.state == "live"
+            else f"hook installed, waiting for {on}"
+        )
+        return True, st.state, why
     if route.cell:
         return predicted(route)
     if st is None:
@@ -138,35 +149,33 @@ def plugin_action(st: HookStatus | None) -> str:
     """What the SGLang hook does (or would do on ROCm), in the audit's words."""
     if st is None:
         return "nothing hooks it here"
-    plan = st.detail.get("plan")
-    if st.hooked and isinstance(plan, dict):
+    if st.hooked and isinstance(st.detail.get("plan"), dict):
         from sglang_amd_moe.runtime.sglang.call import Plan
 
-        return Plan(**plan).describe("" if st.form in (None, "unknown") else st.form)
+        return Plan(**st.detail["plan"]).describe("" if st.form in (None, "unknown") else st.form)
     if st.state != "not-needed":
         return st.message
-    action = names.ACTIONS.get(st.form or "", "not hooked")
     probe = st.detail.get("probe")
-    if isinstance(probe, dict) and not probe.get("ran", True):
-        action += f" (decided from the ledger: {probe.get('why') or 'the probe did not run'})"
-    return action
+    unrun = isinstance(probe, dict) and not probe.get("ran", True)
+    why = (
+        f" (decided from the ledger: {probe.get('why') or 'the probe did not run'})"
+        if unrun
+        else ""
+    )
+    return names.ACTIONS.get(st.form or "", "not hooked") + why
 
 
 def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
-    """``--load``: the verdict with what running the function showed. It only ever adds
-    attention: what runs must be right, and an unknown body, or a known one that runs
-    as another form than the ledger says, needs a look by hand."""
-    seen = rep.seen
-    result = seen.result
+    """``--load``: the verdict with what running the function showed. It only adds
+    attention: what runs must be right, and an unknown body, or a known one running as
+    another form than the ledger says, needs a look by hand."""
+    seen, result = rep.seen, rep.seen.result
     if result is None or not result.ran:
         why = result.why if result is not None else seen.why
-        patch = ""
+        note = f"the probe could not run {seen.of} here ({why}): the verdict rests on the ledger"
         if rep.patch_status == patching.APPLIES and rep.patch_probe is None:
-            patch = f", and {rep.patch} is checked as text only"
-        rep.notes.append(
-            f"the probe could not run {seen.of} here ({why}): the verdict rests on the "
-            f"ledger{patch}"
-        )
+            note += f", and {rep.patch} is checked as text only"
+        rep.notes.append(note)
         return base
     hook, decision = base.hook, seen.decision
     if hook in ("-", "?") and decision is not None:  # the HOOK cell says what was decided
@@ -180,50 +189,30 @@ def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
     if not result.correct:
         found = "; ".join(result.findings[:3]) or result.behaviour
         wrong = f"running {seen.of} on the probe batch shows it wrong ({found}); {plugin}"
-        if base.attention:
-            return Verdict(True, False, hook, f"{base.reason}; {wrong}")
-        return needs(f"{rep.form}: {wrong}", hook)
-    covered = base.covered or seen.hooks
+        return needs(f"{base.reason}; {wrong}" if base.attention else f"{rep.form}: {wrong}", hook)
+    covered, shown = base.covered or seen.hooks, plugins.behaviour_shown(seen.upstream)
     right = f"running {seen.of} on the probe batch shows it right"
-    shown = plugins.behaviour_shown(seen.upstream)
     if rep.form == "unknown":
         acts = f"upstream acts as {shown}; " if shown and shown != "unknown" else ""
-        return Verdict(
-            True,
-            covered,
-            hook,
-            f"unknown: {rep.reason}, so the plugin decides by running it: {acts}{plugin}; "
-            f"{right}; check this function by hand",
-        )
+        why = f"unknown: {rep.reason}, so the plugin decides by running it: {acts}{plugin}"
+        return Verdict(True, covered, hook, f"{why}; {right}; check this function by hand")
     if shown and shown != rep.form:
-        return Verdict(
-            True,
-            covered,
-            hook,
-            f"the ledger knows this body as {rep.form} but running it shows {shown}; "
-            f"{plugin}; {right}. The plain audit and the patches go by the ledger: "
-            "check this function by hand",
-        )
+        why = f"the ledger knows this body as {rep.form} but running it shows {shown}; {plugin}"
+        by_hand = "The plain audit and the patches go by the ledger: check this function by hand"
+        return Verdict(True, covered, hook, f"{why}; {right}. {by_hand}")
     return dataclasses.replace(base, reason=f"{base.reason}; {right}")
 
 
 def conclude(rep: TargetReport, view: PluginView | None) -> None:
     """Fill the verdict, the action line, and the patch's path and command."""
     v = verdict(rep, view)
-    decided = False
+    decision = rep.seen.decision if rep.seen is not None else None
+    decided = decision is not None and decision.state != "off"
     if rep.seen is not None:
         v = behaviour_verdict(rep, v)
-        decision = rep.seen.decision
-        decided = decision is not None and decision.state != "off"
-        if decided:  # --load: what the hook decided here (or would on ROCm), in its words
-            rep.action = plugin_action(decision)
-    rep.needs_attention, rep.covered, rep.hook, rep.reason = (
-        v.attention,
-        v.covered,
-        v.hook,
-        v.reason,
-    )
-    if not rep.installed:
+        rep.action = plugin_action(decision) if decided else rep.action
+    rep.needs_attention, rep.covered, rep.hook, rep.reason = dataclasses.astuple(v)
+    if not rep.installed or rep.target == GUARD:
         return
     if rep.patch_status == patching.DRIFT:
         rep.needs_attention = True
@@ -236,22 +225,24 @@ def conclude(rep: TargetReport, view: PluginView | None) -> None:
         rep.needs_attention = True
         rep.reason += (
             f"; {rep.patch} applies as text, but the function it makes fails on the probe "
-            f"batch ({found}): not offered, the patch needs updating"
         )
-    if rep.form in BROKEN_FORMS and not rep.covered and not decided:
+        rep.reason += f"batch ({found}): not offered, the patch needs updating"
+    if rep.patch_status == patching.ALREADY_APPLIED and not (decision and decision.hooked):
+        rep.action = f"not hooked: the file is patched ({rep.patch} is applied)"
+    elif rep.form == "unknown" and not decided and env.flag("STRICT"):
+        rep.action = f"not hooked: {STRICT}"
+    elif rep.form in BROKEN_FORMS and not rep.covered and not decided:
         rep.action = f"none here; where the plugin loads: {rep.action}"
     if rep.patch and rep.patch_status != PATCH_FAILS_PROBE:  # a patch not offered has no path
         rep.patch_file = patching.patch_path(rep.patch)
-        if rep.patch_status == patching.APPLIES and rep.file:
-            rep.apply_command = patching.apply_command(rep.file, rep.patch)
-            if rep.patch_probe is not None and rep.patch_probe.get("right"):
-                rep.notes.append(
-                    f"{rep.patch} was run before it is offered: the function it makes is "
-                    "right on the probe batch"
-                )
-            if rep.target == SGLANG and rep.seen is None:
-                rep.notes.append(
-                    f"{rep.patch} is checked as text only (it applies): `sglang-amd-moe audit "
-                    "--load`, run where this SGLang is installed, also runs the patched "
-                    "function on a CPU batch before offering it"
-                )
+    if rep.patch and rep.patch_status == patching.APPLIES and rep.file:
+        rep.apply_command = patching.apply_command(rep.file, rep.patch)
+        if rep.patch_probe is not None and rep.patch_probe.get("right"):
+            ran = "was run before it is offered: the function it makes is right on the probe batch"
+            rep.notes.append(f"{rep.patch} {ran}")
+        if rep.target == SGLANG and rep.seen is None:
+            rep.notes.append(
+                f"{rep.patch} is checked as text only (it applies): `sglang-amd-moe audit "
+                "--load`, run where this SGLang is installed, also runs the patched function on "
+                "a CPU batch before offering it"
+            )
