@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_release_support import require_built, switches_off
 
-from sglang_amd_moe.diagnostics import audit, patching
+from sglang_amd_moe.diagnostics import audit, patching, sources
 from sglang_amd_moe.diagnostics.audit import coverage, plugins, read, render, verdict
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import names
@@ -370,8 +370,8 @@ def test_only_regular_files_are_read(tmp_path: Path) -> None:
     _refused(proc, "is not a regular file")
     big = tmp_path / "big.py"
     with open(big, "wb") as f:
-        f.truncate(read.MAX_SOURCE_BYTES + 1)  # sparse: nothing written
-    _refused(run_cli("--sglang-source", str(big)), f"limit {read.MAX_SOURCE_BYTES}")
+        f.truncate(sources.MAX_SOURCE_BYTES + 1)  # sparse: nothing written
+    _refused(run_cli("--sglang-source", str(big)), f"limit {sources.MAX_SOURCE_BYTES}")
 
 
 def _audit_proc(args: list[str], **kw: object) -> subprocess.CompletedProcess:
@@ -609,7 +609,7 @@ def test_verdict_from_hook_status_after_load(
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     view = plugins.plugin_view()
-    assert view.sglang_loader and view.sglang_ep is not None and read.torch_is_rocm() is False
+    assert view.sglang_loader and view.sglang_ep is not None and sources.torch_is_rocm() is False
     view.loaded = True
     rep = read.not_installed(read.SGLANG)
     rep.installed, rep.form, rep.file = True, "weights-only", "topk.py"
@@ -801,7 +801,7 @@ def test_supported_triton_keeps_the_predicted_hook(monkeypatch: pytest.MonkeyPat
 def test_triton_here_is_not_judged_off_rocm(monkeypatch: pytest.MonkeyPatch) -> None:
     # Off ROCm the verdict is the one for a ROCm machine, whose torch brings its own Triton.
     monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
-    monkeypatch.setattr(read, "torch_is_rocm", lambda: False)
+    monkeypatch.setattr(sources, "torch_is_rocm", lambda: False)
     monkeypatch.setattr(env, "triton_version", lambda: None)
     assert verdict.predicted(plugins.Route("SGLang"))[:2] == (True, "on load")
 
@@ -833,7 +833,7 @@ def test_load_off_rocm_is_covered_whatever_triton_is_here(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
-    monkeypatch.setattr(read, "torch_is_rocm", lambda: False)
+    monkeypatch.setattr(sources, "torch_is_rocm", lambda: False)
     monkeypatch.setattr(env, "triton_version", lambda: "3.2.0")
     rep = _sglang_report(_off("sglang-amd-moe: not ROCm; nothing hooked"))
     assert verdict.observed(rep, plugins.Route("SGLang"))[:2] == (True, "not ROCm")
@@ -869,7 +869,7 @@ def test_load_previews_only_where_the_plugin_is_off_for_the_platform_alone(
     monkeypatch.delenv("SGLANG_AMD_MOE_DISABLE", raising=False)
     for k, v in env_vars.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(read, "torch_is_rocm", lambda: False)
+    monkeypatch.setattr(sources, "torch_is_rocm", lambda: False)
     monkeypatch.setattr(env, "triton_version", lambda: triton)
     calls = []
 
@@ -938,7 +938,7 @@ def _on_rocm(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("FORCE", "DISABLE", "GUARD", "STRICT"):
         monkeypatch.delenv(f"SGLANG_AMD_MOE_{var}", raising=False)
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
-    monkeypatch.setattr(read, "torch_is_rocm", lambda: True)
+    monkeypatch.setattr(sources, "torch_is_rocm", lambda: True)
     monkeypatch.setattr(env, "triton_version", lambda: "3.4.0")
 
 
@@ -974,7 +974,7 @@ def _tp8_report(guard_status: HookStatus | None, aiter: bool) -> tuple[int, str,
         reports.append(guard)
     for rep in reports:
         verdict.conclude(rep, view)
-    coverage.attach(sglang, reports[1] if len(reports) > 1 else None, True)
+    coverage.attach(reports, True)
     exit_status = 1 if render.attention(reports, view) else 0
     return exit_status, render.render_table(reports, exit_status, view), sglang.to_json()
 
@@ -1118,7 +1118,7 @@ def test_load_off_rocm_gives_the_plugins_own_reason(
     hooked"; the audit prints that line as the plugin's, and labels the action it would
     take as the one on a ROCm machine (one state, one reason)."""
     monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
-    monkeypatch.setattr(read, "torch_is_rocm", lambda: False)
+    monkeypatch.setattr(sources, "torch_is_rocm", lambda: False)
     path = release_files[releases.MAIN_RELEASE]
     rep = read.build_report(read.SGLANG, path, path.read_text(), "sglang", "0.5.23", given=False)
     line = "sglang-amd-moe: not ROCm (torch.version.hip is unset; ...); nothing hooked"

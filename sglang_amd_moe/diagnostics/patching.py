@@ -14,6 +14,8 @@ Only the standard library is used.
 
 from __future__ import annotations
 
+import ast
+import difflib
 import os
 import re
 import shlex
@@ -218,3 +220,18 @@ def status(source: str, patch_text: str) -> str:
         return ALREADY_APPLIED
     except PatchError:
         return DRIFT
+
+
+def functions_diff(source: str, name: str, funcs: tuple[str, ...], where: str) -> str:
+    """Unified diff of the top-level functions ``funcs`` of ``source`` (the file ``where``)
+    before and after shipped patch ``name``."""
+
+    def segments(text: str) -> list[str]:
+        kinds = ast.FunctionDef | ast.AsyncFunctionDef
+        nodes = [n for n in ast.parse(text).body if isinstance(n, kinds) and n.name in funcs]
+        text = "\n\n".join(ast.get_source_segment(text, n) or "" for n in nodes)
+        return (text + "\n" * bool(nodes)).splitlines(keepends=True)
+
+    before, after = segments(source), segments(apply_text(source, read_patch(name)))
+    what = f"installed: {where} ({', '.join(funcs)})"
+    return "".join(difflib.unified_diff(before, after, what, f"fixed: after {name}"))

@@ -17,15 +17,13 @@ from sglang_amd_moe.diagnostics import patching
 from sglang_amd_moe.diagnostics.audit import coverage, plugins, read, render, verdict
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView
 from sglang_amd_moe.diagnostics.audit.read import (
-    AITER,
-    GUARD,
     JSON_KEYS,
     PATCH_FAILS_PROBE,
-    SGLANG,
     AuditError,
     TargetReport,
 )
 from sglang_amd_moe.diagnostics.cli import OutputError, write_stdout
+from sglang_amd_moe.diagnostics.sources import SourceError
 
 __all__ = ["JSON_KEYS", "PATCH_FAILS_PROBE", "AuditError", "TargetReport", "main", "run"]
 
@@ -69,36 +67,27 @@ def _parser() -> argparse.ArgumentParser:
 def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], PluginView | None]:
     """Audit and return (exit status, reports, plugin view); raises AuditError/SystemExit."""
     args = argv if isinstance(argv, argparse.Namespace) else _parser().parse_args(argv)
-    given = [(t, p) for t, p in ((SGLANG, args.sglang_source), (AITER, args.aiter_source)) if p]
+    given = [
+        (t, p) for t, p in ((read.SGLANG, args.sglang_source), (read.AITER, args.aiter_source)) if p
+    ]
     if given and args.load:
         raise AuditError("--load audits this environment; it cannot be combined with --*-source")
-    view: PluginView | None = None
-    if given:
+    view = None if given else plugins.plugin_view()
+    if view is None:
         reports = [read.given_file(target, path) for target, path in given]
     else:
-        view = plugins.plugin_view()
         if args.load:
             plugins.run_load_plugins(view)
-        reports = [read.installed(SGLANG, view.sglang_dir), read.installed(AITER, view.aiter_dir)]
-        if plugins.has_guard():
-            reports.append(read.guard_report(reports[1]))
-        for rep in reports:
-            if rep.installed:  # a file was read: the hook's view of it
-                rep.hook_live = plugins.is_live(rep.target)
-                if view.loaded:
-                    rep.status = plugins.hook_status(rep.target)
-                    rep.hook_state = rep.status.state if rep.status else None
-                    rep.hook_message = rep.status.message if rep.status else None
+        reports = [read.installed(read.SGLANG, view.sglang_dir)]
+        reports.append(read.installed(read.AITER, view.aiter_dir))
+        reports += [read.guard_report(reports[1])] if plugins.has_guard() else []
+        plugins.read_hooks(reports, view)
         if args.load and reports[0].installed and reports[0].form != "absent":
             plugins.observe_sglang(reports[0], view)
     for rep in reports:
         verdict.conclude(rep, view)
-    sglang = next((r for r in reports if r.target == SGLANG), None)
-    if sglang is not None and sglang.installed and sglang.form != "absent":
-        guard = next((r for r in reports if r.target == GUARD), None)
-        coverage.attach(sglang, guard, view is not None)
-    exit_status = 1 if render.attention(reports, view) else 0
-    return exit_status, reports, view
+    coverage.attach(reports, view is not None)
+    return (1 if render.attention(reports, view) else 0), reports, view
 
 
 def _error(message: str, as_json: bool, say: bool = True) -> int:
@@ -126,10 +115,8 @@ def main(argv: list[str]) -> int:
         else:
             text = render.render_table(reports, exit_status, view)
             if args.diff:
-                text += "".join(
-                    "\n" + render.function_diff(r) for r in reports if r.target != GUARD
-                )
-    except (AuditError, patching.PatchError) as exc:
+                text += "".join(f"\n{render.function_diff(r)}" for r in reports if r.source)
+    except (SourceError, patching.PatchError) as exc:
         return _error(str(exc), as_json)
     except Exception:  # a bug of ours must not read as "needs attention" (1)
         traceback.print_exc()

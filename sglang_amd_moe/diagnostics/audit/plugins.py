@@ -10,9 +10,9 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics import patching, sources
 from sglang_amd_moe.diagnostics.audit import read
 from sglang_amd_moe.diagnostics.audit.read import GUARD, SGLANG, AuditError, TargetReport
 from sglang_amd_moe.runtime import env
@@ -21,12 +21,10 @@ from sglang_amd_moe.runtime.target import HookStatus
 
 OUR_SGLANG_EP = "sglang_amd_moe.runtime.plugin:register"
 OUR_VLLM_EP = "sglang_amd_moe.runtime.plugin:register_vllm"
-#: Where each target's hook lives. If the count-free guard moves, change its module here;
-#: once loaded, a runtime ``HOOK`` named "guard" is found wherever it lives.
-HOOK_MODULES = {SGLANG: "sglang_amd_moe.runtime.sglang.hook"}
-HOOK_MODULES |= {read.AITER: "sglang_amd_moe.runtime.aiter.hook"}
-HOOK_MODULES |= {GUARD: "sglang_amd_moe.runtime.aiter.guard"}
-GUARD_OFF = ("0", "false", "no", "off")  # SGLANG_AMD_MOE_GUARD: the guard alone off
+#: Where each target's hook lives (the count-free guard's: change it here if it moves;
+#: once loaded, a runtime ``HOOK`` named "guard" is found wherever it lives).
+HOOK_MODULES = {t: f"sglang_amd_moe.runtime.{m}" for t, m in (
+    (SGLANG, "sglang.hook"), (read.AITER, "aiter.hook"), (GUARD, "aiter.guard"))}  # fmt: skip
 
 
 @dataclass
@@ -44,43 +42,36 @@ class PluginView:
 
 
 def _entry_point(group: str, value: str) -> md.EntryPoint | None:
-    try:
-        eps = md.entry_points(group=group)
-    except Exception:
-        return None
+    eps = md.entry_points(group=group)
     return next((ep for ep in eps if ep.value.replace(" ", "") == value), None)
 
 
-def _triton_clash() -> str:  # both own the triton/ files: one overwrote the other
-    try:
-        rocm, cuda = md.version("pytorch-triton-rocm"), md.version("triton")
-    except Exception:  # not both (the usual case)
-        return ""
-    return (
-        f"both triton {cuda} and pytorch-triton-rocm {rocm} are installed: they own the same "
-        "triton/ files, so one overwrote the other. Uninstalling triton deletes those files too: "
-        "run `python -m pip uninstall -y triton` and then `python -m pip install "
-        f"--force-reinstall --no-deps pytorch-triton-rocm=={rocm}` from the PyTorch ROCm index "
-        "your torch came from"
-    )
-
-
 def plugin_view() -> PluginView:
-    sglang = read.find_package_dir("sglang")
-    init = read.text_or_none(sglang / "srt/plugins/__init__.py") if sglang else None
+    sglang = sources.package_dir("sglang")
+    init = sources.text_or_none(sglang / "srt/plugins/__init__.py") if sglang else None
+    problems = []
+    try:  # both own the triton/ files: one overwrote the other
+        rocm, cuda = md.version("pytorch-triton-rocm"), md.version("triton")
+        problems.append(
+            f"both triton {cuda} and pytorch-triton-rocm {rocm} are installed: one overwrote "
+            "the other's triton/ files, and uninstalling triton deletes them: run `python -m pip "
+            "uninstall -y triton`, then `python -m pip install --force-reinstall --no-deps "
+            f"pytorch-triton-rocm=={rocm}` from the PyTorch ROCm index your torch came from"
+        )
+    except md.PackageNotFoundError:  # not both (the usual case)
+        pass
     return PluginView(
         sglang_dir=sglang,
-        aiter_dir=read.find_package_dir("aiter"),
+        aiter_dir=sources.package_dir("aiter"),
         sglang_loader=init is not None and "def load_plugins" in init,  # 0.5.11 and later
         sglang_ep=_entry_point("sglang.srt.plugins", OUR_SGLANG_EP),
-        vllm_installed=read.find_package_dir("vllm") is not None,
+        vllm_installed=sources.package_dir("vllm") is not None,
         vllm_ep=_entry_point("vllm.general_plugins", OUR_VLLM_EP),
-        problems=[p for p in (_triton_clash(),) if p],
+        problems=problems,
     )
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     """A host that can load the plugin; ``cell`` (the HOOK cell) and ``why`` when blocked."""
 
     host: str
@@ -101,7 +92,7 @@ def _route(target: str, host: str, installed: bool, loader: bool, ep: Any) -> Ro
     if not installed:
         return Route(host, "off", f"{host} is not installed here")
     if not loader:  # SGLang 0.5.10 and 0.5.10.post1
-        version = read.distribution("sglang")[1] or "here"
+        version = sources.distribution("sglang")[1] or "here"
         why = f"SGLang {version} has no plugin loader (sglang.srt.plugins): the plugin cannot load"
         return Route(host, "no loader", why + " here")
     if ep is None:
@@ -111,7 +102,7 @@ def _route(target: str, host: str, installed: bool, loader: bool, ep: Any) -> Ro
     if listed and ep.name not in listed:
         why = f"plugin disabled: {var}={os.environ[var]} does not list {ep.name}"
         return Route(host, "off", why)
-    if target == GUARD and os.environ.get(env.PREFIX + "GUARD", "").lower() in GUARD_OFF:
+    if target == GUARD and os.environ.get(env.PREFIX + "GUARD", "") in ("0", "false", "off"):
         return Route(host, "off", "the guard alone is off (SGLANG_AMD_MOE_GUARD=0)")
     return Route(host)
 
@@ -136,10 +127,7 @@ def hook_module(target: str) -> Any:
 
 def has_guard() -> bool:
     """This sglang-amd-moe has the count-free guard (loaded, or its module installed)."""
-    try:
-        return hook_module(GUARD) is not None or bool(importlib.util.find_spec(HOOK_MODULES[GUARD]))
-    except (ImportError, ValueError):
-        return False
+    return hook_module(GUARD) is not None or sources.package_dir(HOOK_MODULES[GUARD]) is not None
 
 
 def hook_status(target: str) -> HookStatus | None:
@@ -147,23 +135,28 @@ def hook_status(target: str) -> HookStatus | None:
     try:
         st = getattr(hook_module(target), "status", lambda: None)()
     except Exception as exc:
-        return HookStatus(target, "error", None, f"{target} hook status() failed: {exc!r}")
+        st = f"failed: {exc!r}"
     if st is None or isinstance(st, HookStatus):
         return st
-    why = f"{target} hook status() returned {type(st).__name__}, not HookStatus"
-    return HookStatus(target, "error", None, why)
+    what = st if isinstance(st, str) else f"returned {type(st).__name__}, not HookStatus"
+    return HookStatus(target, "error", None, f"{target} hook status() {what}")
 
 
-def is_live(target: str) -> bool:
-    try:
-        return bool(getattr(hook_module(target), "is_live", lambda: False)())
-    except Exception:
-        return False
+def read_hooks(reports: list[TargetReport], view: PluginView) -> None:
+    """Each installed target's hook: live or not, and after ``--load`` its status."""
+    for rep in (r for r in reports if r.installed):
+        try:
+            rep.hook_live = bool(getattr(hook_module(rep.target), "is_live", lambda: False)())
+        except Exception:
+            rep.hook_live = False
+        rep.status = hook_status(rep.target) if view.loaded else None
+        if rep.status is not None:
+            rep.hook_state, rep.hook_message = rep.status.state, rep.status.message
 
 
 def platform_gate_closed() -> bool:
     """The plugin stays off here only because torch is not a ROCm build (and no FORCE)."""
-    return not env.forced() and read.torch_is_rocm() is not True
+    return not env.forced() and sources.torch_is_rocm() is not True
 
 
 def triton_blocks() -> str:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import ast
-import difflib
 import json
 from typing import Any
 
-from sglang_amd_moe.diagnostics import patching
-from sglang_amd_moe.diagnostics.audit import coverage, plugins, read
+from sglang_amd_moe.diagnostics import patching, sources
+from sglang_amd_moe.diagnostics.audit import coverage, plugins
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView
 from sglang_amd_moe.diagnostics.audit.read import (
     AITER,
@@ -24,68 +22,41 @@ from sglang_amd_moe.runtime.sglang import names
 _DIFF_FUNCS = {SGLANG: (names.FUNCTION_NAME,), AITER: ("_adaptive_moe_sort", "_moe_sorting_impl")}
 
 
-def _functions_source(source: str, funcs: tuple[str, ...]) -> str:
-    try:
-        body = ast.parse(source).body
-    except SyntaxError:
-        return ""
-    kinds = ast.FunctionDef | ast.AsyncFunctionDef
-    parts = [
-        ast.get_source_segment(source, n) or ""
-        for n in body
-        if isinstance(n, kinds) and n.name in funcs
-    ]
-    return "\n\n".join(parts) + ("\n" if parts else "")
-
-
 def function_diff(rep: TargetReport) -> str:
     """Unified diff of the target function(s) against their fixed form (an unknown SGLang
     body: against the nearest body the ledger knows)."""
+    funcs, say = _DIFF_FUNCS[rep.target], f"# {rep.target}: {', '.join(_DIFF_FUNCS[rep.target])} is"
     if not rep.installed or not rep.source:
         return f"# {rep.target}: not installed\n"
-    funcs = ", ".join(_DIFF_FUNCS[rep.target])
     if rep.patch_status == patching.ALREADY_APPLIED:
-        return f"# {rep.target}: {funcs} is already patched ({rep.patch})\n"
+        return f"{say} already patched ({rep.patch})\n"
     if (rep.target, rep.form) in GOOD_FORMS:
-        return f"# {rep.target}: {funcs} is already in its fixed form ({rep.form})\n"
+        return f"{say} already in its fixed form ({rep.form})\n"
     if rep.nearest is not None:
         return rep.nearest["diff"] or f"# {rep.target}: the same as {rep.nearest['body']}\n"
-    if rep.patch is None:
-        return f"# {rep.target}: no patch for form {rep.form!r}; nothing to diff against\n"
-    if rep.patch_status != patching.APPLIES:
-        return f"# {rep.target}: {rep.patch} {rep.patch_status}; no diff\n"
-    fixed = patching.apply_text(rep.source, patching.read_patch(rep.patch))
-    before, after = (_functions_source(t, _DIFF_FUNCS[rep.target]) for t in (rep.source, fixed))
-    return "".join(
-        difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            fromfile=f"installed: {rep.file} ({funcs})",
-            tofile=f"fixed: after {rep.patch}",
-        )
-    )
+    if rep.patch is None or rep.patch_status != patching.APPLIES:
+        why = f"{rep.patch} {rep.patch_status}" if rep.patch else f"no patch for form {rep.form!r}"
+        return f"# {rep.target}: {why}; no diff\n"
+    return patching.functions_diff(rep.source, rep.patch, funcs, str(rep.file))
 
 
 def platform_notes(reports: list[TargetReport], view: PluginView | None) -> list[str]:
     """Notes on this machine, printed under the details (none for ``--*-source``)."""
     if view is None or not any(r.installed and r.form in BROKEN_FORMS for r in reports):
         return []
-    rocm = read.torch_is_rocm()
+    rocm = sources.torch_is_rocm()
     if rocm is None:
         return ["torch is not installed in this interpreter: the plugin cannot run here"]
     if rocm or env.forced():
         return []
-    return [
-        "torch here is not a ROCm build: the plugin stays off on this machine "
-        "(SGLANG_AMD_MOE_FORCE=1 forces it); the verdict is for a ROCm machine with this software"
-    ]
+    why = "(SGLANG_AMD_MOE_FORCE=1 forces it); the verdict is for a ROCm machine with this software"
+    return [f"torch here is not a ROCm build: the plugin stays off on this machine {why}"]
 
 
 def attention(reports: list[TargetReport], view: PluginView | None) -> list[str]:
     """Everything that needs action, one line each (empty exactly when the exit is 0)."""
-    problems = view.problems if view is not None else []
     return [f"{r.target}: {r.reason}" for r in reports if r.needs_attention] + [
-        f"environment: {p}" for p in problems
+        f"environment: {p}" for p in (view.problems if view is not None else [])
     ]
 
 
@@ -100,12 +71,10 @@ def _installed_cell(r: TargetReport, view: PluginView | None) -> str:
 
 def _details(r: TargetReport, view: PluginView | None) -> list[str]:
     pad = " " * (len(r.target) + 2)
-    on_rocm = (
-        view is not None and plugins.platform_gate_closed() and not r.action.startswith("none")
-    )
     lines = [f"{r.target}  {'!!' if r.needs_attention else 'ok'} {r.reason}"]
     if not r.installed:
         return lines
+    on_rocm = view is not None and plugins.platform_gate_closed() and r.action[:4] != "none"
     lines.append(f"{pad}plugin action{' on a ROCm machine' if on_rocm else ''}: {r.action}")
     if r.hook_message:
         lines.append(f"{pad}plugin here: {r.hook_message.removeprefix('sglang-amd-moe: ')}")
@@ -117,11 +86,8 @@ def _details(r: TargetReport, view: PluginView | None) -> list[str]:
         lines.append(f"{pad}patch: {r.patch_file} ({r.patch_status})")
     if r.apply_command:  # two lines, still one shell command when pasted
         args = patching.apply_args(str(r.file), str(r.patch))
-        lines += [
-            f"{pad}to patch the file instead:",
-            f"{pad}  patch --dry-run {args} &&",
-            f"{pad}  patch {args}",
-        ]
+        lines.append(f"{pad}to patch the file instead:\n{pad}  patch --dry-run {args} &&")
+        lines.append(f"{pad}  patch {args}")
     lines.extend(f"{pad}note: {n}" for n in r.notes)
     if r.nearest is not None and r.nearest["diff"]:
         lines.append(f"{pad}diff against the nearest known body ({r.nearest['body']}):")
@@ -180,12 +146,5 @@ def render_json(
 
 def error_json(message: str) -> str:
     """The one JSON document of a run that failed (exit status 2)."""
-    doc = {
-        "exit_status": 2,
-        "error": message,
-        "targets": [],
-        "problems": [],
-        "attention": [message],
-        "notes": [],
-    }
+    doc = dict(exit_status=2, error=message, targets=[], problems=[], attention=[message], notes=[])
     return json.dumps(doc, indent=2) + "\n"

@@ -3,34 +3,23 @@ and the reason (the rules are in docs/audit.md)."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sglang_amd_moe.diagnostics import patching
-from sglang_amd_moe.diagnostics.audit import plugins
+from sglang_amd_moe.diagnostics.audit import plugins, read
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView, Route
-from sglang_amd_moe.diagnostics.audit.read import (
-    BROKEN_FORMS,
-    GOOD_FORMS,
-    GUARD,
-    PATCH_FAILS_PROBE,
-    SGLANG,
-    TargetReport,
-)
+from sglang_amd_moe.diagnostics.audit.read import GUARD, SGLANG, TargetReport
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import names
 from sglang_amd_moe.runtime.target import HookStatus
 
 STRICT = "SGLANG_AMD_MOE_STRICT=1: the plugin leaves a body it does not know to upstream"
-_RUNS_IT = (
-    "where the plugin loads, it runs the function on a CPU batch and hooks only what it sees "
-    "wrong (`sglang-amd-moe audit --load` runs it here)"
-)
+_RUNS_IT = "where the plugin loads, it runs the function on a CPU batch and hooks only what it "
+_RUNS_IT += "sees wrong (`sglang-amd-moe audit --load` runs it here)"
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     attention: bool
     covered: bool
     hook: str
@@ -47,38 +36,33 @@ def needs(reason: str, hook: str = "-") -> Verdict:
 
 def verdict(rep: TargetReport, view: PluginView | None) -> Verdict:
     """The verdict on one target before drift is considered."""
+    form, patch = rep.form, rep.patch
     if not rep.installed and rep.target != SGLANG:
         return ok(
             f"aiter is not installed here: the {rep.target} part has nothing to do", "-", False
         )
     if not rep.installed and view is not None and view.vllm_installed and view.aiter_dir:
-        return ok(
-            "SGLang is not installed here (vLLM and aiter are: the aiter part applies)", "-", False
-        )
+        why = "SGLang is not installed here (vLLM and aiter are: the aiter part applies)"
+        return ok(why, "-", False)
     if not rep.installed:
         why = f"SGLang is not installed in this interpreter ({sys.executable})"
         return needs(f"{why}: run the audit with the python that runs the server")
     if rep.target == GUARD:  # optional protection: its state feeds the coverage
-        return dataclasses.replace(by_routes(rep, view), attention=False)
+        return by_routes(rep, view)._replace(attention=False)
+    if rep.patch_status == patching.ALREADY_APPLIED and (rep.target, form) in read.GOOD_FORMS:
+        return ok(f"patched: {patch} is applied to this file")
     if rep.patch_status == patching.ALREADY_APPLIED:
-        if (rep.target, rep.form) in GOOD_FORMS:
-            return ok(f"patched: {rep.patch} is applied to this file")
-        return needs(
-            f"{rep.patch} is applied, but the result reads as {rep.form} ({rep.reason})", "?"
-        )
-    if rep.form in BROKEN_FORMS:
+        return needs(f"{patch} is applied, but the result reads as {form} ({rep.reason})", "?")
+    if form in read.BROKEN_FORMS:
         return by_routes(rep, view)
-    if (rep.target, rep.form) in GOOD_FORMS:
-        return ok(GOOD_FORMS[(rep.target, rep.form)])
-    if rep.form == "absent":  # SGLang without the function
-        return needs(
-            f"{rep.reason}: an SGLang older than any this package knows (0.5.9 or earlier?); "
-            "neither the plugin nor a patch covers it"
-        )
+    if (rep.target, form) in read.GOOD_FORMS:
+        return ok(read.GOOD_FORMS[(rep.target, form)])
+    if form == "absent":  # SGLang without the function
+        why = "an SGLang older than any this package knows (0.5.9 or earlier?)"
+        return needs(f"{rep.reason}: {why}; neither the plugin nor a patch covers it")
     if rep.target != SGLANG:
-        return needs(
-            f"unrecognised form ({rep.reason}): the plugin leaves it alone; check it by hand", "?"
-        )
+        why = f"unrecognised form ({rep.reason}): the plugin leaves it alone; check it by hand"
+        return needs(why, "?")
     nearest = f"; nearest known body: {rep.nearest['body']}" if rep.nearest else ""
     how = STRICT if env.flag("STRICT") else _RUNS_IT
     return needs(f"unknown: {rep.reason}{nearest}; {how}; check this function by hand", "?")
@@ -88,28 +72,28 @@ def by_routes(rep: TargetReport, view: PluginView | None) -> Verdict:
     """Whether the plugin covers ``rep`` (a broken form, or the guard) through any route."""
     what = rep.form or rep.target
     if view is None:
-        return needs(
-            f"{what}: the plugin of the image this file comes from cannot be seen from here: "
-            "install sglang-amd-moe there (SGLang >= 0.5.11) or apply the patch",
-            "?",
-        )
+        where = "install sglang-amd-moe there (SGLang >= 0.5.11) or apply the patch"
+        return needs(f"{what}: the plugin of the image this file comes from cannot be seen "
+                     f"from here: {where}", "?")  # fmt: skip
     seen = [
         observed(rep, r) if view.loaded and r.host == "SGLang" else predicted(r)
         for r in plugins.routes(rep.target, view)
     ]
-    covered = next(((hook, why) for c, hook, why in seen if c), None)
-    if covered:
-        return ok(f"{what}: covered: {covered[1]}", covered[0])
+    for covered, hook, why in seen:
+        if covered:
+            return ok(f"{what}: covered: {why}", hook)
     return needs(f"{what}: not covered: {'; '.join(why for _, _, why in seen)}", seen[0][1])
 
 
 def predicted(route: Route) -> tuple[bool, str, str]:
     """(covered, HOOK cell, why) of a route, from what is installed."""
-    if route.cell:
-        return False, route.cell, route.why
-    problem = plugins.triton_blocks()
-    if problem:  # the plugin loads, but keeps every hook off: its kernels cannot run
-        return False, "Triton", f"the plugin loads with {route.host} but hooks nothing: {problem}"
+    problem = "" if route.cell else plugins.triton_blocks()
+    if route.cell or problem:  # blocked; or the plugin loads but its kernels cannot run
+        return (
+            False,
+            route.cell or "Triton",
+            route.why or (f"the plugin loads with {route.host} but hooks nothing: {problem}"),
+        )
     return True, "on load", f"the plugin hooks it when {route.host} loads plugins"
 
 
@@ -122,12 +106,13 @@ def observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
             if rep.target == SGLANG
             else "aiter.fused_moe to be imported"
         )
-        why = (
+        return (
+            True,
+            st.state,
             "hook live in this process"
             if st.state == "live"
-            else f"hook installed, waiting for {on}"
+            else (f"hook installed, waiting for {on}"),
         )
-        return True, st.state, why
     if route.cell:
         return predicted(route)
     if st is None:
@@ -139,9 +124,9 @@ def observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
     if st.state == "off" and plugins.platform_gate_closed():
         why = "load_plugins() called the plugin, which hooks this on a ROCm machine"
         return True, "not ROCm", why + " (off here: see the note)"
-    problem = plugins.triton_blocks() if st.state == "off" else ""
-    if problem:
-        return False, "Triton", f"load_plugins() called the plugin, which hooks nothing: {problem}"
+    if st.state == "off" and plugins.triton_blocks():
+        why = f"load_plugins() called the plugin, which hooks nothing: {plugins.triton_blocks()}"
+        return False, "Triton", why
     return False, st.state, st.message or f"the hook's state is {st.state}"
 
 
@@ -156,13 +141,10 @@ def plugin_action(st: HookStatus | None) -> str:
     if st.state != "not-needed":
         return st.message
     probe = st.detail.get("probe")
-    unrun = isinstance(probe, dict) and not probe.get("ran", True)
-    why = (
-        f" (decided from the ledger: {probe.get('why') or 'the probe did not run'})"
-        if unrun
-        else ""
-    )
-    return names.ACTIONS.get(st.form or "", "not hooked") + why
+    if not (isinstance(probe, dict) and not probe.get("ran", True)):
+        return names.ACTIONS.get(st.form or "", "not hooked")
+    why = probe.get("why") or "the probe did not run"
+    return f"{names.ACTIONS.get(st.form or '', 'not hooked')} (decided from the ledger: {why})"
 
 
 def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
@@ -173,16 +155,14 @@ def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
     if result is None or not result.ran:
         why = result.why if result is not None else seen.why
         note = f"the probe could not run {seen.of} here ({why}): the verdict rests on the ledger"
-        if rep.patch_status == patching.APPLIES and rep.patch_probe is None:
-            note += f", and {rep.patch} is checked as text only"
-        rep.notes.append(note)
+        text_only = rep.patch_status == patching.APPLIES and rep.patch_probe is None
+        rep.notes.append(note + (f", and {rep.patch} is checked as text only" if text_only else ""))
         return base
     hook, decision = base.hook, seen.decision
-    if hook in ("-", "?") and decision is not None:  # the HOOK cell says what was decided
-        if decision.hooked:
-            hook = "not ROCm" if seen.previewed else decision.state
-        elif hook == "?":
-            hook = "-" if decision.state == "not-needed" else decision.state
+    if hook in ("-", "?") and decision is not None and decision.hooked:  # what was decided
+        hook = "not ROCm" if seen.previewed else decision.state
+    elif hook == "?" and decision is not None:
+        hook = "-" if decision.state == "not-needed" else decision.state
     plugin = plugin_action(decision)
     if decision is not None:
         plugin = f"{'on a ROCm machine ' if seen.previewed else ''}the plugin: {plugin}"
@@ -200,49 +180,44 @@ def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
         why = f"the ledger knows this body as {rep.form} but running it shows {shown}; {plugin}"
         by_hand = "The plain audit and the patches go by the ledger: check this function by hand"
         return Verdict(True, covered, hook, f"{why}; {right}. {by_hand}")
-    return dataclasses.replace(base, reason=f"{base.reason}; {right}")
+    return base._replace(reason=f"{base.reason}; {right}")
 
 
 def conclude(rep: TargetReport, view: PluginView | None) -> None:
     """Fill the verdict, the action line, and the patch's path and command."""
-    v = verdict(rep, view)
-    decision = rep.seen.decision if rep.seen is not None else None
+    v, decision = verdict(rep, view), rep.seen.decision if rep.seen is not None else None
     decided = decision is not None and decision.state != "off"
     if rep.seen is not None:
         v = behaviour_verdict(rep, v)
         rep.action = plugin_action(decision) if decided else rep.action
-    rep.needs_attention, rep.covered, rep.hook, rep.reason = dataclasses.astuple(v)
+    rep.needs_attention, rep.covered, rep.hook, rep.reason = v
     if not rep.installed or rep.target == GUARD:
         return
     if rep.patch_status == patching.DRIFT:
-        rep.needs_attention = True
         rep.reason += (
             f"; but {rep.patch} does not apply to this file (drift): the patch needs updating"
         )
-    if rep.patch_status == PATCH_FAILS_PROBE:
+    if rep.patch_status == read.PATCH_FAILS_PROBE:
         pp = rep.patch_probe or {}
         found = "; ".join(pp.get("findings", [])[:3]) or pp.get("why") or "wrong"
-        rep.needs_attention = True
-        rep.reason += (
-            f"; {rep.patch} applies as text, but the function it makes fails on the probe "
-        )
-        rep.reason += f"batch ({found}): not offered, the patch needs updating"
+        rep.reason += f"; {rep.patch} applies as text, but the function it makes fails on the "
+        rep.reason += f"probe batch ({found}): not offered, the patch needs updating"
+    rep.needs_attention |= rep.patch_status in (patching.DRIFT, read.PATCH_FAILS_PROBE)
     if rep.patch_status == patching.ALREADY_APPLIED and not (decision and decision.hooked):
         rep.action = f"not hooked: the file is patched ({rep.patch} is applied)"
     elif rep.form == "unknown" and not decided and env.flag("STRICT"):
         rep.action = f"not hooked: {STRICT}"
-    elif rep.form in BROKEN_FORMS and not rep.covered and not decided:
+    elif rep.form in read.BROKEN_FORMS and not rep.covered and not decided:
         rep.action = f"none here; where the plugin loads: {rep.action}"
-    if rep.patch and rep.patch_status != PATCH_FAILS_PROBE:  # a patch not offered has no path
+    if rep.patch and rep.patch_status != read.PATCH_FAILS_PROBE:  # not offered: no path
         rep.patch_file = patching.patch_path(rep.patch)
-    if rep.patch and rep.patch_status == patching.APPLIES and rep.file:
-        rep.apply_command = patching.apply_command(rep.file, rep.patch)
-        if rep.patch_probe is not None and rep.patch_probe.get("right"):
-            ran = "was run before it is offered: the function it makes is right on the probe batch"
-            rep.notes.append(f"{rep.patch} {ran}")
-        if rep.target == SGLANG and rep.seen is None:
-            rep.notes.append(
-                f"{rep.patch} is checked as text only (it applies): `sglang-amd-moe audit "
-                "--load`, run where this SGLang is installed, also runs the patched function on "
-                "a CPU batch before offering it"
-            )
+    if not (rep.patch and rep.patch_status == patching.APPLIES and rep.file):
+        return
+    rep.apply_command = patching.apply_command(rep.file, rep.patch)
+    if rep.patch_probe is not None and rep.patch_probe.get("right"):
+        ran = "was run before it is offered: the function it makes is right on the probe batch"
+        rep.notes.append(f"{rep.patch} {ran}")
+    if rep.target == SGLANG and rep.seen is None:
+        rep.notes.append(f"{rep.patch} is checked as text only (it applies): `sglang-amd-moe "
+                         "audit --load`, run where this SGLang is installed, also runs the "
+                         "patched function on a CPU batch before offering it")  # fmt: skip
