@@ -1,10 +1,6 @@
-"""``sglang-amd-moe audit``: for SGLang's ``_post_process_topk_ids`` and aiter's MXFP4 aux
-sort path, what is installed, its form, what the plugin does, the hook's state, the
-matching patch, and which of SGLang's paths the plugin protects. It reads files without
-importing SGLang or aiter (``--load`` runs SGLang's ``load_plugins()`` and the function).
-The rules are in docs/audit.md. Modules: :mod:`.read` (files and forms), :mod:`.plugins`
-(routes, hook states, ``--load``), :mod:`.verdict`, :mod:`.coverage`, :mod:`.render`.
-"""
+"""``sglang-amd-moe audit``: what is installed, its form, what the plugin does and which of
+SGLang's paths it protects, the matching patch (docs/audit.md). Modules: :mod:`.read`,
+:mod:`.plugins` (routes, hooks, ``--load``), :mod:`.verdict`, :mod:`.coverage`, :mod:`.render`."""
 
 from __future__ import annotations
 
@@ -16,17 +12,12 @@ from pathlib import Path
 from sglang_amd_moe.diagnostics import patching
 from sglang_amd_moe.diagnostics.audit import coverage, plugins, read, render, verdict
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView
-from sglang_amd_moe.diagnostics.audit.read import (
-    JSON_KEYS,
-    PATCH_FAILS_PROBE,
-    AuditError,
-    TargetReport,
-)
+from sglang_amd_moe.diagnostics.audit.read import JSON_KEYS, PATCH_FAILS_PROBE, AuditError
 from sglang_amd_moe.diagnostics.cli import OutputError, write_stdout
 from sglang_amd_moe.diagnostics.sources import SourceError
 
+TargetReport = read.TargetReport
 __all__ = ["JSON_KEYS", "PATCH_FAILS_PROBE", "AuditError", "TargetReport", "main", "run"]
-
 _EPILOG = """\
 exit status:
   0  the targets were found and nothing needs action (fixed, patched, or covered)
@@ -34,15 +25,11 @@ exit status:
   2  the audit failed (a file it cannot read or that is not the target's, a failing
      load_plugins(), a report it cannot print); --json still prints one document
 
-HOOK column: live / pending (--load), on load (hooked when SGLang loads plugins), not
-ROCm (--load off ROCm: hooks on ROCm), no loader (SGLang 0.5.10: apply the patch), Triton
-(one the kernels cannot use), off, not-needed / refused / error / not called (--load),
-? (unknown form, or a --*-source file), - (nothing to hook). Details: docs/audit.md.
+HOOK column: live / pending / not-needed / refused / error / not called (--load: the
+hook's state), on load (hooked when SGLang loads plugins), not ROCm (--load off ROCm),
+no loader (SGLang 0.5.10), Triton (unusable), off, ? (unknown, or a --*-source file), -.
 
-examples:
-  sglang-amd-moe audit          this environment, nothing imported
-  sglang-amd-moe audit --load   run SGLang's load_plugins() first
-  sglang-amd-moe audit --sglang-source IMAGE_ROOT/.../sglang/srt/layers/moe/topk.py
+example: sglang-amd-moe audit --sglang-source IMAGE_ROOT/.../sglang/srt/layers/moe/topk.py
 """
 
 

@@ -182,16 +182,13 @@ class Seen:
 
     def to_json(self) -> dict:
         r, ran = self.result, self.result is not None and self.result.ran
-        return {
-            "of": self.of,
-            "ran": ran,
-            "right": bool(r is not None and r.correct),
-            "behaviour": behaviour_shown(self.upstream),
-            "findings": list(r.findings) if r is not None else [],
-            "why": r.why if r is not None and not ran else self.why,
-            "plugin": self.decision.state if self.decision is not None else None,
-            "previewed": self.previewed,
-        }
+        doc = dict(
+            of=self.of, ran=ran, right=bool(r and r.correct), findings=list(r.findings if r else ())
+        )
+        doc.update(
+            behaviour=behaviour_shown(self.upstream), why=r.why if r and not ran else self.why
+        )
+        return doc | dict(plugin=getattr(self.decision, "state", None), previewed=self.previewed)
 
 
 def behaviour_shown(p: Any) -> str:
@@ -218,23 +215,20 @@ def observe_sglang(rep: TargetReport, view: PluginView) -> None:
     st = rep.status
     off_here = st is not None and st.state == "off" and platform_gate_closed()
     off_here = off_here and not env.disabled() and not env.triton_problem()
-    first = None
-    if view.loaded and st is not None and (st.state == "pending" or off_here):
-        first = hook.preview()  # before topk is imported: what a server process decides
-    module, why = import_topk()
-    if module is None or not callable(getattr(module, names.FUNCTION_NAME, None)):
+    first = hook.preview() if st is not None and (st.state == "pending" or off_here) else None
+    module, why = import_topk()  # after the preview: a server decides before importing it
+    decision = first.status if first is not None else st
+    if not callable(getattr(module, names.FUNCTION_NAME, None)):
         why = why or f"{names.TOPK_MODULE} has no callable {names.FUNCTION_NAME}"
-        decision = first.status if first is not None else st
         rep.seen = Seen("the function", None, None, decision, first is not None, why)
         rep.probe = rep.seen.to_json()
         return
     if st is not None and st.state == "pending" and hook.is_live():
         st = rep.status = hook_status(SGLANG)  # importing topk applied the pending hook
         rep.hook_state, rep.hook_live = (st.state if st else None), True
-    if first is not None and first.upstream is not None:
-        upstream = first.upstream
-    else:
-        upstream = None if env.disabled() else hook.preview().upstream
+    upstream = first.upstream if first is not None else None
+    if upstream is None and not env.disabled():
+        upstream = hook.preview().upstream
     if upstream is None and not hook.is_live():
         upstream = hook.observe()  # the plugin is disabled: upstream is what runs
     if st is not None and st.state == "live":
@@ -244,7 +238,6 @@ def observe_sglang(rep: TargetReport, view: PluginView) -> None:
         of = f"the hooked call (as the plugin {'makes it ' * off_here}{of})"
         seen = Seen(of, first.hooked, upstream, first.status, True)
     else:
-        decision = first.status if first is not None else st
         seen = Seen("upstream's function", upstream, upstream, decision, first is not None)
     rep.seen, rep.probe = seen, seen.to_json()
     if rep.patch and rep.patch_status == patching.APPLIES:

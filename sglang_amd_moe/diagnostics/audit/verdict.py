@@ -72,9 +72,10 @@ def by_routes(rep: TargetReport, view: PluginView | None) -> Verdict:
     """Whether the plugin covers ``rep`` (a broken form, or the guard) through any route."""
     what = rep.form or rep.target
     if view is None:
-        where = "install sglang-amd-moe there (SGLang >= 0.5.11) or apply the patch"
-        return needs(f"{what}: the plugin of the image this file comes from cannot be seen "
-                     f"from here: {where}", "?")  # fmt: skip
+        where = "cannot be seen from here: install sglang-amd-moe there (SGLang >= 0.5.11)"
+        return needs(
+            f"{what}: the plugin of the image this file comes from {where} or apply the patch", "?"
+        )
     seen = [
         observed(rep, r) if view.loaded and r.host == "SGLang" else predicted(r)
         for r in plugins.routes(rep.target, view)
@@ -87,32 +88,24 @@ def by_routes(rep: TargetReport, view: PluginView | None) -> Verdict:
 
 def predicted(route: Route) -> tuple[bool, str, str]:
     """(covered, HOOK cell, why) of a route, from what is installed."""
-    problem = "" if route.cell else plugins.triton_blocks()
+    problem = plugins.triton_blocks()
     if route.cell or problem:  # blocked; or the plugin loads but its kernels cannot run
-        return (
-            False,
-            route.cell or "Triton",
-            route.why or (f"the plugin loads with {route.host} but hooks nothing: {problem}"),
-        )
+        why = route.why or f"the plugin loads with {route.host} but hooks nothing: {problem}"
+        return False, route.cell or "Triton", why
     return True, "on load", f"the plugin hooks it when {route.host} loads plugins"
 
 
 def observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
     """The same after ``load_plugins()`` ran here: the hook's status says."""
-    st = rep.status
+    st, called = rep.status, "load_plugins() called the plugin, which hooks"
     if st is not None and st.hooked:
         on = (
             "SGLang to apply its hooks"
             if rep.target == SGLANG
             else "aiter.fused_moe to be imported"
         )
-        return (
-            True,
-            st.state,
-            "hook live in this process"
-            if st.state == "live"
-            else (f"hook installed, waiting for {on}"),
-        )
+        wait = f"hook installed, waiting for {on}"
+        return True, st.state, "hook live in this process" if st.state == "live" else wait
     if route.cell:
         return predicted(route)
     if st is None:
@@ -122,11 +115,9 @@ def observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
             "load_plugins() ran but did not call sglang-amd-moe's register()",
         )
     if st.state == "off" and plugins.platform_gate_closed():
-        why = "load_plugins() called the plugin, which hooks this on a ROCm machine"
-        return True, "not ROCm", why + " (off here: see the note)"
+        return True, "not ROCm", f"{called} this on a ROCm machine (off here: see the note)"
     if st.state == "off" and plugins.triton_blocks():
-        why = f"load_plugins() called the plugin, which hooks nothing: {plugins.triton_blocks()}"
-        return False, "Triton", why
+        return False, "Triton", f"{called} nothing: {plugins.triton_blocks()}"
     return False, st.state, st.message or f"the hook's state is {st.state}"
 
 
