@@ -19,10 +19,6 @@ from typing import Any
 
 from sglang_amd_moe.diagnostics.check import DEVICE_HELP, device
 
-DESCRIPTION = """\
-Run `sglang-amd-moe audit` and `sglang-amd-moe check --no-rebuilt` in this interpreter's
-SGLang and in each --python interpreter's, and print what the plugin does there and the
-real rows of padded batches without and with it, on one screen."""
 EPILOG = """exit status:
   0  every row with the plugin matches the unpadded run, in every environment
   1  a row with the plugin does not match
@@ -36,7 +32,8 @@ CHECK_TIMEOUT_S = 900  # one environment's check (well under a minute on 2 cores
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="sglang-amd-moe demo",
-        description=DESCRIPTION,
+        description="Run `sglang-amd-moe audit` and `check --no-rebuilt` with this python and "
+        "each --python, and show the real rows of padded batches without and with the plugin.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -87,30 +84,26 @@ def run_audit(env: Env, taken: set[str]) -> None:
     """``audit --json`` in the environment's interpreter; the SGLang version it reports
     names the environment's files (``audit-<version>.json``, ``check-<version>.*``)."""
     try:
-        proc = subprocess.run(
-            env.command("audit", "--json"), capture_output=True, text=True, timeout=300
-        )
+        cmd = env.command("audit", "--json")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        env.audit_status = proc.returncode
+        env.audit = json.loads(proc.stdout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         env.audit_status, env.check_error = 2, f"audit: {exc}"
         return
-    env.audit_status = proc.returncode
-    try:
-        env.audit = json.loads(proc.stdout)
     except ValueError:
         env.audit = {}
-    tag = env.sglang.get("version") or env.tag
-    while tag in taken:
-        tag += "+"
-    taken.add(tag)
-    env.tag = tag
+    env.tag = env.sglang.get("version") or env.tag
+    while env.tag in taken:
+        env.tag += "+"
+    taken.add(env.tag)
     env.path("audit.json").write_text(proc.stdout + proc.stderr, encoding="utf-8")
 
 
 def start_check(env: Env, device_name: str) -> subprocess.Popen | None:
     """Start ``check --no-rebuilt`` in the environment's interpreter; its table goes to a log."""
-    cmd = env.command(
-        "check", "--no-rebuilt", "--device", device_name, "--json-file", str(env.path("check.json"))
-    )
+    cmd = env.command("check", "--no-rebuilt", "--device", device_name, "--json-file")
+    cmd.append(str(env.path("check.json")))
     try:
         with open(env.path("check.log"), "w", encoding="utf-8") as log:
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -140,30 +133,26 @@ def finish_check(env: Env, proc: subprocess.Popen | None) -> None:
 
 
 def plugin_cell(env: Env) -> str:
-    """What the plugin did when SGLang loaded it in the check (the end of its log line,
-    after ``->``), else the audit's reading."""
-    forms = env.check.get("forms") or []
-    message = forms[0].get("hook_message", "") if forms else ""
+    """What the plugin did when the check loaded it (its log line after ``->``), else the
+    audit's reading."""
+    message = ((env.check.get("forms") or [{}])[0]).get("hook_message", "")
     if " -> " in message:
         return message.split(" -> ", 1)[1]
     return env.sglang.get("action") or env.sglang.get("reason") or "-"
 
 
-def _without_cells(row: dict[str, Any]) -> str:
+def _cells(row: dict[str, Any], with_: dict[str, Any] | None) -> str:
+    """The cells of one batch: without the plugin, then with it."""
     if row.get("error"):
-        return f"{'error: ' + row['error'][:38]:<44}"
-    cmp = row["compare"]
-    bad = f"{cmp['bad_rows']}/{row['real']}"
-    return f"{cmp['nan_count']:>10} {bad:>9} {row['out_of_range_ids']:>8}     "
-
-
-def _with_cell(row: dict[str, Any] | None) -> str:
-    if row is None:
-        return "not run"
-    if row.get("error"):
-        return "error: " + row["error"][:40]
-    cmp = row["compare"]
-    return cmp["match"] if cmp["match"] != "MISMATCH" else f"MISMATCH ({cmp['bad_rows']} rows)"
+        left = f"{'error: ' + row['error'][:38]:<44}"
+    else:
+        cmp, ids = row["compare"], row["out_of_range_ids"]
+        bad = f"{cmp['bad_rows']}/{row['real']}"
+        left = f"{cmp['nan_count']:>10} {bad:>9} {ids:>8}     "
+    if with_ is None or with_.get("error"):
+        return f"{left}| {'error: ' + with_['error'][:40] if with_ else 'not run'}"
+    match, bad = with_["compare"]["match"], with_["compare"]["bad_rows"]
+    return f"{left}| {match}" + (f" ({bad} rows)" if match == "MISMATCH" else "")
 
 
 def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
@@ -204,12 +193,11 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
             continue
         with_rows = {(r["real"], r["padded"]): r for r in env.check.get("with_plugin", [])}
         for row in env.check.get("without_plugin", []):
-            batch = f"{row['real']} of {row['padded']}"
-            key = (row["real"], row["padded"])
-            lines.append(
-                f"{env.version:<14}{batch:>11} | {_without_cells(row)}| "
-                f"{_with_cell(with_rows.get(key))}"
+            batch, with_ = (
+                f"{row['real']} of {row['padded']}",
+                with_rows.get((row["real"], row["padded"])),
             )
+            lines.append(f"{env.version:<14}{batch:>11} | {_cells(row, with_)}")
     lines += [
         "",
         "NaN cells: non-finite values in the real rows; bad rows: real rows not bit-identical",
@@ -232,11 +220,8 @@ def _verdict(envs: list[Env]) -> str:
         return "could not run everywhere (see above)"
     if not all(env.check.get("ok") for env in envs):
         return "FAIL: a row with the plugin does not match"
-    broken = [
-        env.version
-        for env in envs
-        if any(r["compare"]["match"] == "MISMATCH" for r in env.check.get("without_plugin", []))
-    ]
+    rows = {e.version: e.check.get("without_plugin", []) for e in envs}
+    broken = [v for v, rs in rows.items() if any(r["compare"]["match"] == "MISMATCH" for r in rs)]
     shows = f" ({', '.join(broken)}: wrong without it)" if broken else ""
     return f"PASS: with the plugin every real row matches{shows}"
 
@@ -258,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="sglang-amd-moe-demo-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    pythons = [*args.python, sys.executable]
-    envs = [Env(py, f"env{i}", out_dir) for i, py in enumerate(pythons)]
+    envs = [Env(py, f"env{i}", out_dir) for i, py in enumerate([*args.python, sys.executable])]
     taken: set[str] = set()
     for env in envs:
         run_audit(env, taken)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -146,54 +147,43 @@ def run_form(
     return rows
 
 
-class Worker:
-    """The rebuilt form with the plugin, in ``python -m`` :mod:`.worker` (started at once,
-    so it runs alongside); it writes its result to a JSON file in a directory owned here."""
-
-    def __init__(self, device: str) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="sglang-amd-moe-check-")
-        self.json_file = Path(self._dir.name) / "rebuilt-with-plugin.json"
-        cmd = [sys.executable, "-m", "sglang_amd_moe.diagnostics.e2e.worker", "--device", device]
-        self.proc = subprocess.Popen(
-            [*cmd, "--json-file", str(self.json_file)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, SGLANG_AMD_MOE_FORCE="1"),
-        )
-        self.stderr = ""
-
-    def result(self) -> dict[str, Any] | None:
-        """Wait for the worker; its JSON document, or None when it wrote none."""
-        try:
-            _, self.stderr = self.proc.communicate(timeout=WORKER_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, self.stderr = self.proc.communicate()
-        try:
-            return json.loads(self.json_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._dir.cleanup()
-
-
 def run_check(device: str, rebuilt: bool, started: float) -> CheckResult:
     """The whole check; ``started``: the ``time.monotonic()`` the elapsed time counts from.
     Raises :class:`SGLangUnavailable` when SGLang's topk module does not import."""
-    worker = Worker(device) if rebuilt else None
+    with tempfile.TemporaryDirectory(prefix="sglang-amd-moe-check-") as tmp:
+        worker = None  # the rebuilt form with the plugin: started now, runs alongside
+        if rebuilt:
+            out = Path(tmp) / "rebuilt-with-plugin.json"
+            cmd = [sys.executable, "-m", "sglang_amd_moe.diagnostics.e2e.worker"]
+            worker = subprocess.Popen(
+                [*cmd, "--device", device, "--json-file", str(out)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=dict(os.environ, SGLANG_AMD_MOE_FORCE="1"),
+            )
+        try:
+            return _run_check(device, worker, Path(tmp) / "rebuilt-with-plugin.json", started)
+        finally:
+            if worker is not None and worker.poll() is None:
+                worker.kill()
+                worker.wait()
+
+
+def _worker_result(worker: subprocess.Popen, out: Path) -> tuple[dict | None, str]:
+    """(the worker's JSON document, or None when it wrote none; its stderr)."""
     try:
-        return _run_check(device, worker, started)
-    finally:
-        if worker is not None:
-            worker.close()
+        _, stderr = worker.communicate(timeout=WORKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        _, stderr = worker.communicate()
+    try:
+        return json.loads(out.read_text(encoding="utf-8")), stderr
+    except (OSError, ValueError):
+        return None, stderr
 
 
-def _run_check(device: str, worker: Worker | None, started: float) -> CheckResult:
+def _run_check(device: str, worker: Any, out: Path, started: float) -> CheckResult:
     try:
         mod = calls.import_topk()
     except Exception as exc:
@@ -209,46 +199,33 @@ def _run_check(device: str, worker: Worker | None, started: float) -> CheckResul
         except calls.GuardFormError as exc:
             rebuilt = FormInfo("rebuilt", GUARD, note=str(exc), reachable=False)
         else:
-            note = "reconstruction: the installed topk.py with upstream PR 28378 reversed"
             got = ledger.read(src).form
-            rebuilt = FormInfo(
-                "rebuilt",
-                GUARD,
-                note + ("" if got == GUARD else f"; WARNING: the ledger knows it as {got}"),
-            )
+            warn = "" if got == GUARD else f"; WARNING: the ledger knows it as {got}"
+            note = "reconstruction: the installed topk.py with upstream PR 28378 reversed"
+            rebuilt = FormInfo("rebuilt", GUARD, note + warn)
             with calls.function_in_place(mod, fn):
                 without += run_form(bench, mod, "rebuilt", GUARD, plugin=False)
         forms.append(rebuilt)
     forms[0].hook_live, forms[0].hook_message = calls.load_plugin()
     with_ = run_form(bench, mod, "installed", form, plugin=True)
-    payload = worker.result() if worker is not None and rebuilt is not None else None
-    if rebuilt is not None and payload is None:
-        tail = "\n".join(worker.stderr.strip().splitlines()[-5:])[-200:]
-        with_ += [
-            RowResult(GUARD, "rebuilt", n, m, True, error=f"worker failed: {tail}")
-            for n, m in BATCHES
-        ]
-    elif rebuilt is not None and payload["reachable"]:
+    payload, stderr = _worker_result(worker, out) if rebuilt is not None else ({}, "")
+    if payload is None:
+        why = "worker failed: " + "\n".join(stderr.strip().splitlines()[-5:])[-200:]
+        with_ += [RowResult(GUARD, "rebuilt", n, m, True, error=why) for n, m in BATCHES]
+    elif payload.get("reachable"):
         rebuilt.hook_live, rebuilt.hook_message = payload["hook_live"], payload["hook_message"]
         with_ += [row_from_dict(r) for r in payload["rows"]]
-    sorts: dict[str, int] = {}
+    sorts: Counter[str] = Counter()
     for r in without + with_:
-        for k, v in r.sorts.items():
-            sorts[k] = sorts.get(k, 0) + v
+        sorts.update(r.sorts)
     good = ("exact", "within 1e-6")
     ok = bool(with_) and all(r.compare and r.compare.match in good and not r.error for r in with_)
     sources = ["installed"] + (["rebuilt"] if rebuilt is not None and rebuilt.reachable else [])
-    ok = ok and {(s, n, m) for s in sources for n, m in BATCHES} <= {
-        (r.source, r.real, r.padded) for r in with_
-    }
-    meta = {
-        "config": asdict(bench.cfg),
-        "device": str(bench.device),
-        "sorts": "; ".join(f"{k} x{v}" for k, v in sorted(sorts.items())),
-        "direct": bench.direct,
-        "verdict": "PASS: every row with the plugin matches"
-        if ok
-        else "FAIL: a row with the plugin does not match",
-        "elapsed_s": time.monotonic() - started,
-    }
+    ran = {(r.source, r.real, r.padded) for r in with_}
+    ok = ok and all((s, n, m) in ran for s in sources for n, m in BATCHES)
+    verdict = "PASS: every row with the plugin matches"
+    verdict = verdict if ok else "FAIL: a row with the plugin does not match"
+    meta = {"config": asdict(bench.cfg), "device": str(bench.device), "direct": bench.direct}
+    meta["sorts"] = "; ".join(f"{k} x{v}" for k, v in sorted(sorts.items()))
+    meta |= {"verdict": verdict, "elapsed_s": time.monotonic() - started}
     return CheckResult(importlib.metadata.version("sglang"), forms, without, with_, ok, meta)
