@@ -903,11 +903,11 @@ def test_coverage_is_read_from_the_installed_release(
     require_built(rel)
     root = rel.topk_path().parents[3]
     monkeypatch.delenv("SGLANG_DP_MASK_PAD_ROWS", raising=False)
-    got = coverage.read_counts(root)
+    got = sources.sglang_counts(root)
     if rel.version == releases.MAIN_RELEASE:
         assert got == {**_EP_ONLY, "dp": "zeroed"}
         monkeypatch.setenv("SGLANG_DP_MASK_PAD_ROWS", "0")  # SGLang's own switch, off
-        assert coverage.read_counts(root) == _EP_ONLY
+        assert sources.sglang_counts(root) == _EP_ONLY
     else:
         assert got == _EP_ONLY
 
@@ -916,16 +916,16 @@ def test_coverage_of_code_it_does_not_know_is_not_guessed(tmp_path: Path) -> Non
     fbi = tmp_path / "srt" / "model_executor" / "forward_batch_info.py"
     fbi.parent.mkdir(parents=True)
     fbi.write_text("def enable_num_token_non_padded():\n    return True\n")
-    assert coverage.read_counts(tmp_path) is None
+    assert sources.sglang_counts(tmp_path) is None
     fbi.write_text(
         "def enable_num_token_non_padded():\n    return get_parallel().moe_ep_size > 1\n"
     )
     runner = tmp_path / "srt" / "speculative" / "eagle_draft_cuda_graph_runner.py"
     runner.parent.mkdir(parents=True)
     runner.write_text("# TODO(ch-wan): support num_token_non_padded\nx = 1\n")
-    assert coverage.read_counts(tmp_path) == _EP_ONLY
+    assert sources.sglang_counts(tmp_path) == _EP_ONLY
     runner.write_text("buffers.num_token_non_padded.fill_(n)\n")  # a runner that sets one
-    assert coverage.read_counts(tmp_path) == {**_EP_ONLY, "draft": "?"}
+    assert sources.sglang_counts(tmp_path) == {**_EP_ONLY, "draft": "?"}
 
 
 def _view(aiter: Path | None) -> plugins.PluginView:

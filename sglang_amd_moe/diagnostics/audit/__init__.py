@@ -37,9 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="sglang-amd-moe audit",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="What is installed, its form, what the plugin does, the hooks' state, the "
-        "patch, and which SGLang paths are protected. Run it with the server's python; it "
-        "needs neither torch, ROCm nor aiter (except --load).",
+        description="What is installed, what the plugin does, which SGLang paths it protects, "
+        "the patch. Run it with the server's python (no torch, ROCm or aiter needed).",
         epilog=_EPILOG,
     )
     add = ap.add_argument
@@ -54,9 +53,8 @@ def _parser() -> argparse.ArgumentParser:
 def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], PluginView | None]:
     """Audit and return (exit status, reports, plugin view); raises AuditError/SystemExit."""
     args = argv if isinstance(argv, argparse.Namespace) else _parser().parse_args(argv)
-    given = [
-        (t, p) for t, p in ((read.SGLANG, args.sglang_source), (read.AITER, args.aiter_source)) if p
-    ]
+    given = [(read.SGLANG, args.sglang_source), (read.AITER, args.aiter_source)]
+    given = [(target, path) for target, path in given if path]
     if given and args.load:
         raise AuditError("--load audits this environment; it cannot be combined with --*-source")
     view = None if given else plugins.plugin_view()
@@ -102,7 +100,7 @@ def main(argv: list[str]) -> int:
         else:
             text = render.render_table(reports, exit_status, view)
             if args.diff:
-                text += "".join(f"\n{render.function_diff(r)}" for r in reports if r.source)
+                text += "".join(f"\n{d}" for d in map(render.function_diff, reports) if d)
     except (SourceError, patching.PatchError) as exc:
         return _error(str(exc), as_json)
     except Exception:  # a bug of ours must not read as "needs attention" (1)

@@ -1,61 +1,21 @@
-"""Which of SGLang's paths pass ``_post_process_topk_ids`` the count of real rows, and what
-masks each path's padded rows: the SGLang hook (or a fixed or patched upstream) acts only
-beyond a count; the count-free guard at aiter's MoE entry acts on every call.
-
-The counts are read from the installed SGLang where its code has a shape known here
-(``enable_num_token_non_padded()``, which decides whether a CUDA graph passes one, and
-the EAGLE draft graph runners, which set none); else, for the forms the plugin hooks, from
-what every release of that form does (docs/reference.md); else they are not known."""
+"""Which of SGLang's paths pass ``_post_process_topk_ids`` the count of real rows (read from
+the installed SGLang: :func:`~sglang_amd_moe.diagnostics.sources.sglang_counts`; else, for
+the forms the plugin hooks, what every release of that form does), and what masks each
+path's padded rows: the SGLang hook (or a fixed or patched upstream) acts only beyond a
+count; the count-free guard at aiter's MoE entry acts on every call."""
 
 from __future__ import annotations
 
-import ast
-import io
-import os
-import re
-import tokenize
 from pathlib import Path
 
-from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics import patching, sources
 from sglang_amd_moe.diagnostics.audit.read import BROKEN_FORMS, GUARD, SGLANG, TargetReport
-from sglang_amd_moe.diagnostics.sources import text_or_none
 
 PATHS = {"ep": "expert parallel, all-to-all (DeepEP, mori)", "tp": "TP MoE (forward_normal)"}
 PATHS |= {"dp": "DP attention with TP MoE", "draft": "EAGLE/MTP draft graphs"}
 CELLS = {"yes": "count", "no": "none", "zeroed": "none", "?": "?"}  # "zeroed": SGLang's own
 ZEROED = "SGLang (pad rows zeroed before the gather; SGLANG_DP_MASK_PAD_ROWS)"
 _EP_ONLY = {"ep": "yes", "tp": "no", "dp": "no", "draft": "no"}
-_FBI = "srt/model_executor/forward_batch_info.py"
-_DRAFTS = [f"srt/speculative/eagle_draft{x}_cuda_graph_runner.py" for x in ("", "_extend")]
-
-
-def read_counts(root: Path) -> dict[str, str] | None:
-    """The counts as the SGLang package at ``root`` passes them (None: not read)."""
-    try:
-        defs = {getattr(n, "name", ""): n for n in ast.parse(text_or_none(root / _FBI) or "").body}
-    except SyntaxError:
-        return None
-    fn = defs.get("enable_num_token_non_padded")
-    if not isinstance(fn, ast.FunctionDef):
-        return None
-    called = [defs.get(getattr(c, "id", "")) for c in ast.walk(fn)]  # helpers it calls, too
-    code = " ".join(ast.unparse(f) for f in (fn, *called) if isinstance(f, ast.FunctionDef))
-    body = [ast.unparse(s) for s in fn.body if not isinstance(s, ast.Expr)]
-    if "SGLANG_DP_MASK_PAD_ROWS" in code:  # on HIP, on by default (0.5.23)
-        on = os.environ.get("SGLANG_DP_MASK_PAD_ROWS", "true").lower() in ("true", "1")
-        dp = "zeroed" if on else "no"
-    elif len(body) == 1 and re.fullmatch(r"return \S*(ep_size|expert_parallel)\S* > 1", body[0]):
-        dp = "no"  # `expert-parallel size > 1` and nothing else (0.5.10 - 0.5.14)
-    else:
-        return None
-    texts = [t for t in (text_or_none(root / d) for d in _DRAFTS) if t]
-    try:
-        tokens = [t for x in texts for t in tokenize.generate_tokens(io.StringIO(x).readline)]
-    except (tokenize.TokenError, SyntaxError):
-        texts, tokens = [], []
-    sets_one = any(t.string == "num_token_non_padded" for t in tokens if t.type == tokenize.NAME)
-    draft = "no" if texts and not sets_one else "?"
-    return {"ep": "yes", "tp": "no", "dp": dp, "draft": draft}
 
 
 def attach(reports: list[TargetReport], seen_from_here: bool) -> None:
@@ -67,7 +27,7 @@ def attach(reports: list[TargetReport], seen_from_here: bool) -> None:
         return
     file = Path(sglang.file or "")
     top = file.parents[3] if file.parts[-4:] == ("srt", "layers", "moe", "topk.py") else None
-    count = read_counts(top) if top is not None else None
+    count = sources.sglang_counts(top) if top is not None else None
     source = "read from this SGLang's forward_batch_info.py and EAGLE draft graph runners"
     if count is None and sglang.form in BROKEN_FORMS:
         count, source = dict(_EP_ONLY), f"as every release of form {sglang.form} passes them"

@@ -3,9 +3,9 @@ guard), what blocks them, and with ``--load`` the hooks' statuses and what runs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata as md
-import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field
@@ -145,13 +145,11 @@ def hook_status(target: str) -> HookStatus | None:
 def read_hooks(reports: list[TargetReport], view: PluginView) -> None:
     """Each installed target's hook: live or not, and after ``--load`` its status."""
     for rep in (r for r in reports if r.installed):
-        try:
-            rep.hook_live = bool(getattr(hook_module(rep.target), "is_live", lambda: False)())
-        except Exception:
-            rep.hook_live = False
-        rep.status = hook_status(rep.target) if view.loaded else None
-        if rep.status is not None:
-            rep.hook_state, rep.hook_message = rep.status.state, rep.status.message
+        is_live = getattr(hook_module(rep.target), "is_live", lambda: False)
+        with contextlib.suppress(Exception):  # a failing is_live() reads as not live
+            rep.hook_live = bool(is_live())
+        st = rep.status = hook_status(rep.target) if view.loaded else None
+        rep.hook_state, rep.hook_message = getattr(st, "state", None), getattr(st, "message", None)
 
 
 def platform_gate_closed() -> bool:
@@ -181,14 +179,15 @@ class Seen:
         return self.decision is not None and self.decision.hooked
 
     def to_json(self) -> dict:
-        r, ran = self.result, self.result is not None and self.result.ran
-        doc = dict(
-            of=self.of, ran=ran, right=bool(r and r.correct), findings=list(r.findings if r else ())
+        r, state = self.result, getattr(self.decision, "state", None)
+        ran, found = bool(r and r.ran), list(r.findings) if r else []
+        doc = {"of": self.of, "ran": ran, "right": bool(r and r.correct)}
+        doc |= {"behaviour": behaviour_shown(self.upstream), "findings": found}
+        return (
+            doc
+            | {"why": r.why if r and not ran else self.why, "plugin": state}
+            | {"previewed": self.previewed}
         )
-        doc.update(
-            behaviour=behaviour_shown(self.upstream), why=r.why if r and not ran else self.why
-        )
-        return doc | dict(plugin=getattr(self.decision, "state", None), previewed=self.previewed)
 
 
 def behaviour_shown(p: Any) -> str:

@@ -34,16 +34,9 @@ BROKEN_FORMS = frozenset(  # forms the plugin hooks to fix
 FINGERPRINT_OF = {SGLANG: f"{names.FUNCTION_NAME} and the module code it uses"}
 FINGERPRINT_OF[AITER] = "the sort path's functions"
 #: A file given with ``--*-source`` is the target's own when it defines one of these.
-_OWN = {
-    SGLANG: (
-        "SGLang's sglang/srt/layers/moe/topk.py",
-        f"fused_topk select_experts TopK {names.FUNCTION_NAME}",
-    ),
-    AITER: ("aiter's aiter/fused_moe.py", "fused_moe moe_sorting"),
-}
-GUARD_ACTION = (
-    "guard aiter's MoE entry: ids outside [0, E) (and rows past a count) -> expert 0, weight 0"
-)
+_OWN = {SGLANG: "fused_topk select_experts TopK _post_process_topk_ids"}
+_OWN[AITER] = "fused_moe moe_sorting"
+_FILE = {SGLANG: "SGLang's sglang/srt/layers/moe/topk.py", AITER: "aiter's aiter/fused_moe.py"}
 
 
 class AuditError(SourceError):
@@ -115,7 +108,7 @@ def build_report(
 def given_file(target: str, path: Path) -> TargetReport:
     """``--sglang-source`` / ``--aiter-source``: the file must be the target's own."""
     source = read_source(path)
-    own, defining = _OWN[target][0], set(_OWN[target][1].split())
+    own, defining = _FILE[target], set(_OWN[target].split())
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
@@ -152,6 +145,7 @@ def guard_report(aiter: TargetReport) -> TargetReport:
     """The count-free guard's row: installed where aiter is, on aiter's MoE entry."""
     rep = not_installed(GUARD)
     if aiter.installed:
-        rep.installed, rep.form, rep.hook_live, rep.action = True, None, False, GUARD_ACTION
+        rep.installed, rep.form, rep.hook_live = True, None, False
+        rep.action = "guard aiter's MoE entry: ids outside [0, E) and rows past a count -> expert 0"
         rep.distribution, rep.version, rep.file = aiter.distribution, aiter.version, aiter.file
     return rep

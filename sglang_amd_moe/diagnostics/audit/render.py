@@ -6,31 +6,29 @@ import json
 from typing import Any
 
 from sglang_amd_moe.diagnostics import patching, sources
-from sglang_amd_moe.diagnostics.audit import coverage, plugins
+from sglang_amd_moe.diagnostics.audit import coverage, plugins, read
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView
-from sglang_amd_moe.diagnostics.audit.read import (
-    AITER,
-    BROKEN_FORMS,
-    FINGERPRINT_OF,
-    GOOD_FORMS,
-    SGLANG,
-    TargetReport,
-)
+from sglang_amd_moe.diagnostics.audit.read import TargetReport
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import names
 
-_DIFF_FUNCS = {SGLANG: (names.FUNCTION_NAME,), AITER: ("_adaptive_moe_sort", "_moe_sorting_impl")}
+_DIFF_FUNCS = {
+    read.SGLANG: (names.FUNCTION_NAME,),
+    read.AITER: ("_adaptive_moe_sort", "_moe_sorting_impl"),
+}
 
 
 def function_diff(rep: TargetReport) -> str:
     """Unified diff of the target function(s) against their fixed form (an unknown SGLang
     body: against the nearest body the ledger knows)."""
+    if rep.target not in _DIFF_FUNCS:
+        return ""
     funcs, say = _DIFF_FUNCS[rep.target], f"# {rep.target}: {', '.join(_DIFF_FUNCS[rep.target])} is"
     if not rep.installed or not rep.source:
         return f"# {rep.target}: not installed\n"
     if rep.patch_status == patching.ALREADY_APPLIED:
         return f"{say} already patched ({rep.patch})\n"
-    if (rep.target, rep.form) in GOOD_FORMS:
+    if (rep.target, rep.form) in read.GOOD_FORMS:
         return f"{say} already in its fixed form ({rep.form})\n"
     if rep.nearest is not None:
         return rep.nearest["diff"] or f"# {rep.target}: the same as {rep.nearest['body']}\n"
@@ -42,7 +40,7 @@ def function_diff(rep: TargetReport) -> str:
 
 def platform_notes(reports: list[TargetReport], view: PluginView | None) -> list[str]:
     """Notes on this machine, printed under the details (none for ``--*-source``)."""
-    if view is None or not any(r.installed and r.form in BROKEN_FORMS for r in reports):
+    if view is None or not any(r.installed and r.form in read.BROKEN_FORMS for r in reports):
         return []
     rocm = sources.torch_is_rocm()
     if rocm is None:
@@ -60,15 +58,6 @@ def attention(reports: list[TargetReport], view: PluginView | None) -> list[str]
     ]
 
 
-def _installed_cell(r: TargetReport, view: PluginView | None) -> str:
-    if not r.installed:
-        return "not installed"
-    if view is None:
-        return "(source file)"
-    name = r.distribution or r.target
-    return f"{name} {r.version}" if r.version else f"{name} (no metadata)"
-
-
 def _details(r: TargetReport, view: PluginView | None) -> list[str]:
     pad = " " * (len(r.target) + 2)
     lines = [f"{r.target}  {'!!' if r.needs_attention else 'ok'} {r.reason}"]
@@ -79,8 +68,8 @@ def _details(r: TargetReport, view: PluginView | None) -> list[str]:
     if r.hook_message:
         lines.append(f"{pad}plugin here: {r.hook_message.removeprefix('sglang-amd-moe: ')}")
     lines.append(f"{pad}file: {r.file}")
-    if r.target in FINGERPRINT_OF:
-        of = FINGERPRINT_OF[r.target]
+    if r.target in read.FINGERPRINT_OF:
+        of = read.FINGERPRINT_OF[r.target]
         lines.append(f"{pad}fingerprint: {r.sha256 or '-'} (sha256 of {of}, not of the file)")
     if r.patch_file:
         lines.append(f"{pad}patch: {r.patch_file} ({r.patch_status})")
@@ -99,7 +88,10 @@ def render_table(reports: list[TargetReport], exit_status: int, view: PluginView
     rows = [("TARGET", "INSTALLED", "FORM", "HOOK", "PATCH", "PATCH STATUS")]
     for r in reports:
         form = r.form if r.installed else "-"
-        cells = (r.target, _installed_cell(r, view), form, r.hook, r.patch, r.patch_status)
+        dist = f"{r.distribution or r.target} {r.version or '(no metadata)'}"
+        where = dist if view is not None else "(source file)"
+        cells = (r.target, where if r.installed else "not installed", form, r.hook, r.patch)
+        cells += (r.patch_status,)
         rows.append(tuple(c or "-" for c in cells))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
@@ -140,7 +132,7 @@ def render_json(
         "notes": platform_notes(reports, view),
     }
     if diff:
-        doc["diff"] = {r.target: function_diff(r) for r in reports if r.target in _DIFF_FUNCS}
+        doc["diff"] = {r.target: d for r in reports if (d := function_diff(r))}
     return json.dumps(doc, indent=2) + "\n"
 
 

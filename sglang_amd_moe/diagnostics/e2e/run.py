@@ -42,7 +42,7 @@ from sglang_amd_moe.diagnostics.e2e.results import (
     row_from_dict,
 )
 from sglang_amd_moe.runtime.sglang import ledger
-from sglang_amd_moe.runtime.sglang.names import TOPK_MODULE
+from sglang_amd_moe.runtime.sglang.names import FUNCTION_NAME, TOPK_MODULE
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def run_model(bench: Bench, mod: ModuleType, n: int, m: int) -> tuple[torch.Tens
         total.add(stats)
         return out
 
-    with calls.eager(), calls.hip_branch(mod):
+    with calls.eager(), calls.patched(mod, _is_hip=True, _is_cuda=False):
         return bench.model.forward(padded_hidden(bench, n, m), route, moe), total
 
 
@@ -203,7 +203,7 @@ def _run_check(device: str, worker: Any, out: Path, started: float) -> CheckResu
             warn = "" if got == GUARD else f"; WARNING: the ledger knows it as {got}"
             note = "reconstruction: the installed topk.py with upstream PR 28378 reversed"
             rebuilt = FormInfo("rebuilt", GUARD, note + warn)
-            with calls.function_in_place(mod, fn):
+            with calls.patched(mod, **{FUNCTION_NAME: fn}):
                 without += run_form(bench, mod, "rebuilt", GUARD, plugin=False)
         forms.append(rebuilt)
     forms[0].hook_live, forms[0].hook_message = calls.load_plugin()

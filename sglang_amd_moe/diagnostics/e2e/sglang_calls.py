@@ -57,15 +57,16 @@ def guard_form(mod: ModuleType) -> tuple[Callable, str]:
 
 
 @contextlib.contextmanager
-def hip_branch(mod: ModuleType) -> Iterator[None]:
-    """Force the HIP branch on the topk module (``_is_hip=True, _is_cuda=False``) for a while."""
-    saved = {k: getattr(mod, k) for k in ("_is_hip", "_is_cuda") if hasattr(mod, k)}
-    mod._is_hip, mod._is_cuda = True, False
+def patched(mod: ModuleType, **attrs: Any) -> Iterator[None]:
+    """The module's attributes set for a while: ``_is_hip=True, _is_cuda=False`` forces the
+    HIP branch; ``_post_process_topk_ids`` is looked up at call time."""
+    saved = {k: getattr(mod, k) for k in attrs if hasattr(mod, k)}
+    vars(mod).update(attrs)
     try:
         yield
     finally:
-        for k, v in saved.items():
-            setattr(mod, k, v)
+        for k in attrs:
+            setattr(mod, k, saved[k]) if k in saved else delattr(mod, k)
 
 
 @contextlib.contextmanager
@@ -73,20 +74,6 @@ def eager() -> Iterator[None]:
     """Run what SGLang decorates with ``torch.compile`` eagerly (no 17 s inductor compile)."""
     with torch._dynamo.config.patch(disable=True):
         yield
-
-
-@contextlib.contextmanager
-def function_in_place(mod: ModuleType, fn: Callable | None) -> Iterator[None]:
-    """Make ``fn`` the module's ``_post_process_topk_ids`` for a while (looked up at call time)."""
-    if fn is None:
-        yield
-        return
-    saved = getattr(mod, FUNCTION_NAME)
-    setattr(mod, FUNCTION_NAME, fn)
-    try:
-        yield
-    finally:
-        setattr(mod, FUNCTION_NAME, saved)
 
 
 def make_topk_config(mod: ModuleType, top_k: int, router: Callable) -> Any:
@@ -117,31 +104,18 @@ def route_through_sglang(
     to 0.5.14 assert that this path gets no ``num_token_non_padded``: there the router's
     output goes to ``_post_process_topk_ids`` directly (looked up at call time, so a hook
     or the rebuilt form runs), and ``direct`` comes back True for the later calls."""
+    kw = {"topk_config": topk_config, "router_logits": logits, "layer_id": layer}
+    kw["num_token_non_padded"] = count
     if not direct:
         try:
-            out = _call(
-                mod.select_experts,
-                hidden_states=h,
-                router_logits=logits,
-                topk_config=topk_config,
-                layer_id=layer,
-                num_token_non_padded=count,
-            )
+            out = _call(mod.select_experts, hidden_states=h, **kw)
             return out[0], out[1], False
         except AssertionError as exc:
             if "num_token_non_padded" not in str(exc):
                 raise
     w, ids = router(hidden_states=h, gating_output=logits, topk=topk_config.top_k, renormalize=True)
-    out = _call(
-        getattr(mod, FUNCTION_NAME),
-        topk_ids=ids,
-        topk_weights=w,
-        topk_config=topk_config,
-        router_logits=logits,
-        layer_id=layer,
-        num_token_non_padded=count,
-        expert_location_dispatch_info=None,
-    )
+    kw |= {"topk_ids": ids, "topk_weights": w, "expert_location_dispatch_info": None}
+    out = _call(getattr(mod, FUNCTION_NAME), **kw)
     return out[1], out[0], True  # it returns (topk_ids, topk_weights, ...)
 
 
@@ -154,16 +128,11 @@ def load_plugin() -> tuple[bool, str]:
     except ImportError:
         from sglang_amd_moe.runtime.plugin import register as load_plugins
 
-        how = (
-            "no sglang.srt.plugins in this release: called sglang_amd_moe.runtime.plugin.register()"
-        )
+        how = "no sglang.srt.plugins here: called sglang_amd_moe.runtime.plugin.register()"
     else:
         how = "sglang.srt.plugins.load_plugins()"
     load_plugins()
     state = sglang_hook.status()
-    message = (
-        state.message
-        if state
-        else "the plugin did not run (not discovered? SGLANG_PLUGINS excludes it?)"
-    )
+    not_run = "the plugin did not run (not discovered? SGLANG_PLUGINS excludes it?)"
+    message = state.message if state else not_run
     return bool(sglang_hook.is_live()), f"{how}: {message}"
