@@ -41,14 +41,12 @@ class PluginView:
     problems: list[str] = field(default_factory=list)  # the environment's own
 
 
-def _entry_point(group: str, value: str) -> md.EntryPoint | None:
-    eps = md.entry_points(group=group)
-    return next((ep for ep in eps if ep.value.replace(" ", "") == value), None)
-
-
 def plugin_view() -> PluginView:
     sglang = sources.package_dir("sglang")
     init = sources.text_or_none(sglang / "srt/plugins/__init__.py") if sglang else None
+    eps = md.entry_points()
+    ours = {ep.value.replace(" ", ""): ep for ep in eps.select(group="sglang.srt.plugins")}
+    ours |= {ep.value.replace(" ", ""): ep for ep in eps.select(group="vllm.general_plugins")}
     problems = []
     try:  # both own the triton/ files: one overwrote the other
         rocm, cuda = md.version("pytorch-triton-rocm"), md.version("triton")
@@ -64,9 +62,9 @@ def plugin_view() -> PluginView:
         sglang_dir=sglang,
         aiter_dir=sources.package_dir("aiter"),
         sglang_loader=init is not None and "def load_plugins" in init,  # 0.5.11 and later
-        sglang_ep=_entry_point("sglang.srt.plugins", OUR_SGLANG_EP),
+        sglang_ep=ours.get(OUR_SGLANG_EP),
         vllm_installed=sources.package_dir("vllm") is not None,
-        vllm_ep=_entry_point("vllm.general_plugins", OUR_VLLM_EP),
+        vllm_ep=ours.get(OUR_VLLM_EP),
         problems=problems,
     )
 
@@ -158,8 +156,7 @@ def platform_gate_closed() -> bool:
 
 
 def triton_blocks() -> str:
-    """Why Triton keeps every hook off ("" when it does not); judged only where the
-    platform gate is open here (a ROCm machine brings its own Triton)."""
+    """Why Triton keeps every hook off here ("" when not; a ROCm machine brings its own)."""
     return "" if platform_gate_closed() else env.triton_problem()
 
 
@@ -244,8 +241,7 @@ def observe_sglang(rep: TargetReport, view: PluginView) -> None:
 
 
 def check_patch(rep: TargetReport, module: Any, upstream: Any) -> None:
-    """Run the function the form's patch makes on the probe batch: one that applies as
-    text but runs wrong is not offered; one the probe cannot run stays checked as text."""
+    """Run the function the form's patch makes: applying but running wrong, it is not offered."""
     from sglang_amd_moe.runtime.sglang import probe
 
     patched = patching.apply_text(rep.source, patching.read_patch(str(rep.patch)))

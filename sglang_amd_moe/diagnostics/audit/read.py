@@ -135,10 +135,10 @@ def installed(target: str, package_dir: Path | None) -> TargetReport:
 
 
 def not_installed(target: str) -> TargetReport:
+    none = (None,) * 4
     return TargetReport(
-        target, None, None, None, None, "not installed", "nothing to do", False, None, None,
-        installed=False,
-    )  # fmt: skip
+        target, *none, "not installed", "nothing to do", False, None, None, installed=False
+    )
 
 
 def guard_report(aiter: TargetReport) -> TargetReport:

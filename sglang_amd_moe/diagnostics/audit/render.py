@@ -42,20 +42,20 @@ def platform_notes(reports: list[TargetReport], view: PluginView | None) -> list
     """Notes on this machine, printed under the details (none for ``--*-source``)."""
     if view is None or not any(r.installed and r.form in read.BROKEN_FORMS for r in reports):
         return []
-    rocm = sources.torch_is_rocm()
-    if rocm is None:
+    if (rocm := sources.torch_is_rocm()) is None:
         return ["torch is not installed in this interpreter: the plugin cannot run here"]
-    if rocm or env.forced():
-        return []
     why = "(SGLANG_AMD_MOE_FORCE=1 forces it); the verdict is for a ROCm machine with this software"
-    return [f"torch here is not a ROCm build: the plugin stays off on this machine {why}"]
+    return (
+        []
+        if rocm or env.forced()
+        else [f"torch here is not a ROCm build: the plugin stays off on this machine {why}"]
+    )
 
 
 def attention(reports: list[TargetReport], view: PluginView | None) -> list[str]:
     """Everything that needs action, one line each (empty exactly when the exit is 0)."""
-    return [f"{r.target}: {r.reason}" for r in reports if r.needs_attention] + [
-        f"environment: {p}" for p in (view.problems if view is not None else [])
-    ]
+    problems = [f"environment: {p}" for p in (view.problems if view is not None else [])]
+    return [f"{r.target}: {r.reason}" for r in reports if r.needs_attention] + problems
 
 
 def _details(r: TargetReport, view: PluginView | None) -> list[str]:

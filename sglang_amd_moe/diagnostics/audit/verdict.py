@@ -139,9 +139,7 @@ def plugin_action(st: HookStatus | None) -> str:
 
 
 def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
-    """``--load``: the verdict with what running the function showed. It only adds
-    attention: what runs must be right, and an unknown body, or a known one running as
-    another form than the ledger says, needs a look by hand."""
+    """``--load``: the verdict with what running the function showed (only adds attention)."""
     seen, result = rep.seen, rep.seen.result
     if result is None or not result.ran:
         why = result.why if result is not None else seen.why
