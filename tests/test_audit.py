@@ -942,10 +942,34 @@ def _on_rocm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(env, "triton_version", lambda: "3.4.0")
 
 
-def _tp8_report(guard_status: HookStatus | None, aiter: bool) -> tuple[int, str, dict]:
+def _guard(monkeypatch: pytest.MonkeyPatch, status: HookStatus | None) -> None:
+    """This sglang-amd-moe's count-free guard, as a loaded runtime target whose status is
+    ``status`` (None: a package without the guard)."""
+
+    class Guard:
+        name = "guard"
+
+        @staticmethod
+        def status() -> HookStatus | None:
+            return status
+
+        @staticmethod
+        def is_live() -> bool:
+            return status is not None and status.state == "live"
+
+    monkeypatch.setattr(plugins, "has_guard", lambda: status is not None)
+    monkeypatch.setitem(sys.modules, "sglang_amd_moe.runtime.x_guard", type(sys)("x_guard"))
+    sys.modules["sglang_amd_moe.runtime.x_guard"].HOOK = Guard
+
+
+def _aiter_report() -> audit.TargetReport:
+    src = STANDIN_DROPPED.read_text()
+    return read.build_report(read.AITER, STANDIN_DROPPED, src, "aiter", "0.1", given=False)
+
+
+def _tp8_report(aiter: bool) -> tuple[int, str, dict]:
     """A TP-8 DeepSeek-R1 server's audit after load_plugins() on SGLang 0.5.13.post1 (its
-    real topk.py and forward_batch_info.py): the SGLang hook live, the guard in the state
-    given (None: this sglang-amd-moe has none), aiter installed or not."""
+    real topk.py and forward_batch_info.py): the SGLang hook live, aiter installed or not."""
     rel = releases.BY_LABEL["0.5.13.post1"]
     require_built(rel)
     path = rel.topk_path()
@@ -955,23 +979,7 @@ def _tp8_report(guard_status: HookStatus | None, aiter: bool) -> tuple[int, str,
         read.SGLANG, path, path.read_text(), "sglang", rel.version, given=False
     )
     sglang.status = HookStatus("sglang", "live", "weights-only", "sglang-amd-moe: ... -> hooked")
-    reports = [sglang]
-    if guard_status is not None:
-        aiter_rep = (
-            read.build_report(
-                read.AITER,
-                STANDIN_DROPPED,
-                STANDIN_DROPPED.read_text(),
-                "aiter",
-                "0.1",
-                given=False,
-            )
-            if aiter
-            else read.not_installed(read.AITER)
-        )
-        guard = read.guard_report(aiter_rep)
-        guard.status = guard_status if aiter else None
-        reports.append(guard)
+    reports = [sglang, _aiter_report() if aiter else read.not_installed(read.AITER)]
     for rep in reports:
         verdict.conclude(rep, view)
     coverage.attach(reports, True)
@@ -987,10 +995,10 @@ def test_tp_server_on_a_hooked_release_is_protected_only_by_the_guard(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _on_rocm(monkeypatch)
-    live = HookStatus("guard", "live", None, "sglang-amd-moe: aiter MoE entry guarded")
-    code, text, t = _tp8_report(live, aiter=True)
-    cov = t["coverage"]
-    assert code == 0 and "read from" in cov["source"]
+    _guard(monkeypatch, HookStatus("guard", "live", None, "sglang-amd-moe: guard live at ..."))
+    code, text, t = _tp8_report(aiter=True)
+    cov = t["coverage"]  # the SGLang target needs nothing (the stand-in aiter's drift does)
+    assert not t["needs_attention"] and "read from" in cov["source"]
     assert _path(cov, "ep")["protected_by"] == ["the SGLang hook (live)", "the guard (live)"]
     for key in ("tp", "dp", "draft"):  # no count there: the guard alone
         assert _path(cov, key) == {
@@ -999,8 +1007,7 @@ def test_tp_server_on_a_hooked_release_is_protected_only_by_the_guard(
             "protected_by": ["the guard (live)"],
         }
     assert cov["unprotected"] == []
-    row = next(ln for ln in text.splitlines() if ln.startswith("guard "))
-    assert row.split()[-3:] == ["live", "-", "-"], row
+    assert "guard at its MoE entry: live here (sglang-amd-moe: guard live at ...)" in text
     tp = next(ln for ln in text.splitlines() if "TP MoE (forward_normal)" in ln)
     assert tp.split()[-4:] == ["none", "the", "guard", "(live)"], tp
 
@@ -1009,7 +1016,7 @@ def test_tp_server_on_a_hooked_release_is_protected_only_by_the_guard(
     ("guard", "aiter", "why"),
     [
         (None, True, "not in this sglang-amd-moe"),
-        (HookStatus("guard", "off", None, "the guard alone is off"), True, "off: "),
+        (HookStatus("guard", "off", None, "sglang-amd-moe: guard off"), True, "off: "),
         (HookStatus("guard", "live", None, "guarded"), False, "off: aiter is not installed"),
     ],
     ids=["no-guard", "guard-off", "no-aiter"],
@@ -1020,51 +1027,46 @@ def test_tp_server_without_the_guard_is_not_protected_and_the_audit_says_so(
     """Exit 0 (what the plugin can fix is fixed), and the table says plainly that the
     TP, DP and draft paths' padded rows are masked by nothing."""
     _on_rocm(monkeypatch)
-    code, text, t = _tp8_report(guard, aiter)
+    _guard(monkeypatch, guard)
+    code, text, t = _tp8_report(aiter)
     cov = t["coverage"]
-    assert code == 0 and cov["guard"].startswith(why), cov["guard"]
+    assert not t["needs_attention"] and cov["guard"].startswith(why), cov["guard"]
     assert cov["unprotected"] == [coverage.PATHS[k] for k in ("tp", "dp", "draft")]
     assert _path(cov, "ep")["protected_by"] == ["the SGLang hook (live)"]
     summary = next(ln for ln in text.splitlines() if ln.startswith("coverage: nothing masks"))
     assert "TP MoE (forward_normal)" in summary and why in summary, summary
-    assert text.rstrip().endswith("OK: nothing needs action (exit 0)")
+    if not aiter:  # the caveat stands beside an exit 0
+        assert code == 0 and text.rstrip().endswith("OK: nothing needs action (exit 0)")
 
 
 def test_guard_state_is_read_like_the_aiter_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A runtime target named "guard" is found wherever it is loaded, and its status
-    decides its row as the aiter hook's decides aiter's (pending covers, off does not)."""
+    """A loaded runtime target named "guard" is found wherever it lives; its status decides
+    the guard's state on the aiter target as the aiter hook's decides aiter's (pending
+    covers, off does not), and the guard never makes the audit need attention."""
     _on_rocm(monkeypatch)
-
-    class Guard:
-        name = "guard"
-        state = "pending"
-
-        def status(self) -> HookStatus:
-            return HookStatus("guard", self.state, None, f"sglang-amd-moe: guard {self.state}")
-
-        def is_live(self) -> bool:
-            return self.state == "live"
-
-    hook = Guard()
-    monkeypatch.setitem(sys.modules, "sglang_amd_moe.runtime.x_guard", type(sys)("x"))
-    sys.modules["sglang_amd_moe.runtime.x_guard"].HOOK = hook
-    assert plugins.has_guard() and plugins.hook_status(read.GUARD).state == "pending"
     view = _view(STANDIN)
     view.loaded = True
-    rep = read.guard_report(
-        read.build_report(
-            read.AITER, STANDIN_DROPPED, STANDIN_DROPPED.read_text(), "aiter", "0.1", given=False
-        )
-    )
-    rep.status = plugins.hook_status(read.GUARD)
+    for state, covered in (("pending", True), ("live", True), ("off", False)):
+        message = f"sglang-amd-moe: guard {state}"
+        _guard(monkeypatch, HookStatus("guard", state, None, message))
+        assert plugins.hook_status(read.GUARD).state == state
+        rep = _aiter_report()
+        verdict.conclude(rep, view)
+        assert rep.guard == {
+            "state": state, "live": state == "live", "why": message, "covered": covered
+        }, rep.guard  # fmt: skip
+        assert rep.to_json()["guard"] == rep.guard
+        text = render.render_table([rep], 1, view)
+        shown = "live here" if state == "live" else state
+        assert f"guard at its MoE entry: {shown} ({message})" in text
+    view.loaded = False  # the plain audit: the routes say
+    rep = _aiter_report()
     verdict.conclude(rep, view)
-    assert (rep.hook, rep.covered, rep.needs_attention) == ("pending", True, False), rep.reason
-    assert "waiting for aiter.fused_moe to be imported" in rep.reason
-    hook.state = "off"
-    rep.status = plugins.hook_status(read.GUARD)
-    verdict.conclude(rep, view)  # off on a ROCm machine: not covered, never attention
-    assert (rep.hook, rep.covered, rep.needs_attention) == ("off", False, False), rep.reason
-    assert rep.to_json()["target"] == "guard" and rep.to_json()["form"] is None
+    assert (rep.guard["state"], rep.guard["covered"]) == ("on load", True), rep.guard
+    assert "aiter.fused_moe._fused_moe_impl" in rep.guard["why"]
+    monkeypatch.setenv("SGLANG_AMD_MOE_GUARD", "0")
+    verdict.conclude(rep, view)
+    assert (rep.guard["state"], rep.guard["covered"]) == ("off", False), rep.guard
 
 
 def test_guard_switch_is_read_before_load(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,7 +65,6 @@ def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], 
             plugins.run_load_plugins(view)
         reports = [read.installed(read.SGLANG, view.sglang_dir)]
         reports.append(read.installed(read.AITER, view.aiter_dir))
-        reports += [read.guard_report(reports[1])] if plugins.has_guard() else []
         plugins.read_hooks(reports, view)
         if args.load and reports[0].installed and reports[0].form != "absent":
             plugins.observe_sglang(reports[0], view)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sglang_amd_moe.diagnostics import patching, sources
-from sglang_amd_moe.diagnostics.audit.read import BROKEN_FORMS, GUARD, SGLANG, TargetReport
+from sglang_amd_moe.diagnostics.audit import plugins
+from sglang_amd_moe.diagnostics.audit.read import AITER, BROKEN_FORMS, SGLANG, TargetReport
 
 PATHS = {"ep": "expert parallel, all-to-all (DeepEP, mori)", "tp": "TP MoE (forward_normal)"}
 PATHS |= {"dp": "DP attention with TP MoE", "draft": "EAGLE/MTP draft graphs"}
@@ -22,7 +23,8 @@ def attach(reports: list[TargetReport], seen_from_here: bool) -> None:
     """Set the SGLang report's ``coverage``: per path, whether a count reaches the function
     and what masks its padded rows (an empty ``protected_by``: nothing)."""
     sglang = next((r for r in reports if r.target == SGLANG and r.installed), None)
-    guard = next((r for r in reports if r.target == GUARD), None)
+    aiter = next((r for r in reports if r.target == AITER), None)
+    guard = aiter.guard if aiter is not None else None
     if sglang is None or sglang.form == "absent":
         return
     file = Path(sglang.file or "")
@@ -41,9 +43,15 @@ def attach(reports: list[TargetReport], seen_from_here: bool) -> None:
         masker = "SGLang (fixed upstream)"
     elif sglang.covered:
         masker = f"the SGLang hook ({state.get(sglang.hook, sglang.hook)})"
-    guard_by = f"the guard ({state.get(guard.hook, guard.hook)})" if guard and guard.covered else ""
-    guard_why = "not in this sglang-amd-moe" if seen_from_here else "cannot be seen from here"
-    guard_why = (guard.reason if guard.covered else f"off: {guard.reason}") if guard else guard_why
+    if guard is not None:
+        guard_why = guard["why"] if guard["covered"] else f"{guard['state']}: {guard['why']}"
+    elif not seen_from_here:
+        guard_why = "cannot be seen from here"
+    else:
+        has = plugins.has_guard()
+        guard_why = "off: aiter is not installed here" if has else "not in this sglang-amd-moe"
+    covered = guard is not None and guard["covered"]
+    guard_by = f"the guard ({state.get(guard['state'], guard['state'])})" if covered else ""
     paths = []
     for key, label in PATHS.items():
         by = [masker] if count[key] == "yes" and masker else []

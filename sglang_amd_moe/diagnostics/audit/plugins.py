@@ -3,7 +3,6 @@ guard), what blocks them, and with ``--load`` the hooks' statuses and what runs.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.metadata as md
 import os
@@ -140,12 +139,17 @@ def hook_status(target: str) -> HookStatus | None:
     return HookStatus(target, "error", None, f"{target} hook status() {what}")
 
 
+def is_live(target: str) -> bool:
+    try:
+        return bool(getattr(hook_module(target), "is_live", lambda: False)())
+    except Exception:
+        return False
+
+
 def read_hooks(reports: list[TargetReport], view: PluginView) -> None:
     """Each installed target's hook: live or not, and after ``--load`` its status."""
     for rep in (r for r in reports if r.installed):
-        is_live = getattr(hook_module(rep.target), "is_live", lambda: False)
-        with contextlib.suppress(Exception):  # a failing is_live() reads as not live
-            rep.hook_live = bool(is_live())
+        rep.hook_live = is_live(rep.target)
         st = rep.status = hook_status(rep.target) if view.loaded else None
         rep.hook_state, rep.hook_message = getattr(st, "state", None), getattr(st, "message", None)
 

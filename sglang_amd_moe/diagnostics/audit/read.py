@@ -68,6 +68,7 @@ class TargetReport:
     patch_probe: dict | None = None  # --load, SGLang: the patched function, run
     nearest: dict | None = None  # an unknown SGLang body: the nearest known one, the diff
     hook_message: str | None = None  # --load: the plugin's own log line for this target
+    guard: dict | None = None  # aiter: the count-free guard at its MoE entry (state, live, why)
     coverage: dict | None = None  # SGLang: which paths pass a count, what protects them
     source: str = field(default="", repr=False)  # this and below: not in the JSON
     status: HookStatus | None = field(default=None, repr=False)
@@ -139,13 +140,3 @@ def not_installed(target: str) -> TargetReport:
     return TargetReport(
         target, *none, "not installed", "nothing to do", False, None, None, installed=False
     )
-
-
-def guard_report(aiter: TargetReport) -> TargetReport:
-    """The count-free guard's row: installed where aiter is, on aiter's MoE entry."""
-    rep = not_installed(GUARD)
-    if aiter.installed:
-        rep.installed, rep.form, rep.hook_live = True, None, False
-        rep.action = "guard aiter's MoE entry: ids outside [0, E) and rows past a count -> expert 0"
-        rep.distribution, rep.version, rep.file = aiter.distribution, aiter.version, aiter.file
-    return rep

@@ -65,6 +65,9 @@ def _details(r: TargetReport, view: PluginView | None) -> list[str]:
         return lines
     on_rocm = view is not None and plugins.platform_gate_closed() and r.action[:4] != "none"
     lines.append(f"{pad}plugin action{' on a ROCm machine' if on_rocm else ''}: {r.action}")
+    if r.guard:
+        live = "live here" if r.guard["live"] else r.guard["state"]
+        lines.append(f"{pad}guard at its MoE entry: {live} ({r.guard['why']})")
     if r.hook_message:
         lines.append(f"{pad}plugin here: {r.hook_message.removeprefix('sglang-amd-moe: ')}")
     lines.append(f"{pad}file: {r.file}")

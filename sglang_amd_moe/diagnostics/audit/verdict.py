@@ -11,6 +11,7 @@ from sglang_amd_moe.diagnostics.audit import plugins, read
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView, Route
 from sglang_amd_moe.diagnostics.audit.read import GUARD, SGLANG, TargetReport
 from sglang_amd_moe.runtime import env
+from sglang_amd_moe.runtime.aiter import forms as aiter_forms
 from sglang_amd_moe.runtime.sglang import names
 from sglang_amd_moe.runtime.target import HookStatus
 
@@ -47,8 +48,6 @@ def verdict(rep: TargetReport, view: PluginView | None) -> Verdict:
     if not rep.installed:
         why = f"SGLang is not installed in this interpreter ({sys.executable})"
         return needs(f"{why}: run the audit with the python that runs the server")
-    if rep.target == GUARD:  # optional protection: its state feeds the coverage
-        return by_routes(rep, view)._replace(attention=False)
     if rep.patch_status == patching.ALREADY_APPLIED and (rep.target, form) in read.GOOD_FORMS:
         return ok(f"patched: {patch} is applied to this file")
     if rep.patch_status == patching.ALREADY_APPLIED:
@@ -70,7 +69,7 @@ def verdict(rep: TargetReport, view: PluginView | None) -> Verdict:
 
 def by_routes(rep: TargetReport, view: PluginView | None) -> Verdict:
     """Whether the plugin covers ``rep`` (a broken form, or the guard) through any route."""
-    what = rep.form or rep.target
+    what = rep.form if rep.target != GUARD else rep.target
     if view is None:
         where = "cannot be seen from here: install sglang-amd-moe there (SGLang >= 0.5.11)"
         return needs(
@@ -172,15 +171,36 @@ def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
     return base._replace(reason=f"{base.reason}; {right}")
 
 
+def guard_state(aiter: TargetReport, view: PluginView | None) -> dict | None:
+    """The count-free guard at aiter's MoE entry, judged like a hook (its status after
+    ``--load``, else its routes): ``state`` as the HOOK column reads, ``live`` here, ``why``,
+    ``covered``. None where this sglang-amd-moe has no guard."""
+    if not aiter.installed or not plugins.has_guard():
+        return None
+    find = getattr(aiter_forms, "guard_entry", lambda _: ("_fused_moe_impl", ""))
+    (entry, problem), live = find(aiter.source), plugins.is_live(GUARD)
+    rep = read.not_installed(GUARD)
+    rep.installed, rep.status = True, plugins.hook_status(GUARD) if view and view.loaded else None
+    if problem and rep.status is None:  # the guard refuses an entry it does not know
+        why = f"aiter.fused_moe.{entry} {problem}"
+        return {"state": "refused", "live": live, "why": why, "covered": False}
+    v = by_routes(rep, view)
+    why = f"aiter.fused_moe.{entry}: {v.reason.removeprefix('guard: ')}"
+    why = rep.status.message if rep.status is not None else why
+    return {"state": v.hook, "live": live, "why": why, "covered": v.covered}
+
+
 def conclude(rep: TargetReport, view: PluginView | None) -> None:
     """Fill the verdict, the action line, and the patch's path and command."""
+    if rep.target == read.AITER:
+        rep.guard = guard_state(rep, view)
     v, decision = verdict(rep, view), rep.seen.decision if rep.seen is not None else None
     decided = decision is not None and decision.state != "off"
     if rep.seen is not None:
         v = behaviour_verdict(rep, v)
         rep.action = plugin_action(decision) if decided else rep.action
     rep.needs_attention, rep.covered, rep.hook, rep.reason = v
-    if not rep.installed or rep.target == GUARD:
+    if not rep.installed:
         return
     if rep.patch_status == patching.DRIFT:
         rep.reason += (
