@@ -65,7 +65,13 @@ def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], 
             plugins.run_load_plugins(view)
         reports = [read.installed(read.SGLANG, view.sglang_dir)]
         reports.append(read.installed(read.AITER, view.aiter_dir))
-        plugins.read_hooks(reports, view)
+        for rep in (r for r in reports if r.installed):  # each hook: live, and its status
+            rep.hook_live, st = plugins.is_live(rep.target), plugins.hook_status(rep.target)
+            rep.status = st = st if view.loaded else None
+            rep.hook_state, rep.hook_message = (
+                getattr(st, "state", None),
+                getattr(st, "message", None),
+            )
         if args.load and reports[0].installed and reports[0].form != "absent":
             plugins.observe_sglang(reports[0], view)
     for rep in reports:

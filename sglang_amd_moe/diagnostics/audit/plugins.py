@@ -146,14 +146,6 @@ def is_live(target: str) -> bool:
         return False
 
 
-def read_hooks(reports: list[TargetReport], view: PluginView) -> None:
-    """Each installed target's hook: live or not, and after ``--load`` its status."""
-    for rep in (r for r in reports if r.installed):
-        rep.hook_live = is_live(rep.target)
-        st = rep.status = hook_status(rep.target) if view.loaded else None
-        rep.hook_state, rep.hook_message = getattr(st, "state", None), getattr(st, "message", None)
-
-
 def platform_gate_closed() -> bool:
     """The plugin stays off here only because torch is not a ROCm build (and no FORCE)."""
     return not env.forced() and sources.torch_is_rocm() is not True
@@ -184,11 +176,8 @@ class Seen:
         ran, found = bool(r and r.ran), list(r.findings) if r else []
         doc = {"of": self.of, "ran": ran, "right": bool(r and r.correct)}
         doc |= {"behaviour": behaviour_shown(self.upstream), "findings": found}
-        return (
-            doc
-            | {"why": r.why if r and not ran else self.why, "plugin": state}
-            | {"previewed": self.previewed}
-        )
+        doc |= {"why": r.why if r and not ran else self.why, "plugin": state}
+        return doc | {"previewed": self.previewed}
 
 
 def behaviour_shown(p: Any) -> str:

@@ -39,9 +39,7 @@ def verdict(rep: TargetReport, view: PluginView | None) -> Verdict:
     """The verdict on one target before drift is considered."""
     form, patch = rep.form, rep.patch
     if not rep.installed and rep.target != SGLANG:
-        return ok(
-            f"aiter is not installed here: the {rep.target} part has nothing to do", "-", False
-        )
+        return ok("aiter is not installed here: the aiter part has nothing to do", "-", False)
     if not rep.installed and view is not None and view.vllm_installed and view.aiter_dir:
         why = "SGLang is not installed here (vLLM and aiter are: the aiter part applies)"
         return ok(why, "-", False)
@@ -70,11 +68,9 @@ def verdict(rep: TargetReport, view: PluginView | None) -> Verdict:
 def by_routes(rep: TargetReport, view: PluginView | None) -> Verdict:
     """Whether the plugin covers ``rep`` (a broken form, or the guard) through any route."""
     what = rep.form if rep.target != GUARD else rep.target
-    if view is None:
-        where = "cannot be seen from here: install sglang-amd-moe there (SGLang >= 0.5.11)"
-        return needs(
-            f"{what}: the plugin of the image this file comes from {where} or apply the patch", "?"
-        )
+    if view is None:  # a --*-source file
+        where = "install sglang-amd-moe there (SGLang >= 0.5.11) or apply the patch"
+        return needs(f"{what}: the image's plugin cannot be seen from here: {where}", "?")
     seen = [
         observed(rep, r) if view.loaded and r.host == "SGLang" else predicted(r)
         for r in plugins.routes(rep.target, view)
@@ -108,11 +104,7 @@ def observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
     if route.cell:
         return predicted(route)
     if st is None:
-        return (
-            False,
-            "not called",
-            "load_plugins() ran but did not call sglang-amd-moe's register()",
-        )
+        return False, "not called", "load_plugins() ran but did not call the plugin's register()"
     if st.state == "off" and plugins.platform_gate_closed():
         return True, "not ROCm", f"{called} this on a ROCm machine (off here: see the note)"
     if st.state == "off" and plugins.triton_blocks():
