@@ -9,8 +9,10 @@ release's own interpreter, are in ``tests/compat/test_audit_releases.py``.
 from __future__ import annotations
 
 import difflib
+import importlib.metadata as md
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_release_support import require_built, switches_off
 
-from sglang_amd_moe.diagnostics import audit, patching
-from sglang_amd_moe.diagnostics.audit import plugins, read, render, verdict
+from sglang_amd_moe.diagnostics import audit, patching, sources
+from sglang_amd_moe.diagnostics.audit import coverage, plugins, read, render, verdict
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import names
 from sglang_amd_moe.runtime.sglang.probe import Observation, ProbeResult
@@ -164,6 +166,10 @@ def test_source_mode_per_release(label: str, release_files: dict[str, Path]) -> 
         assert t["apply_command"] == patching.apply_command(str(release_files[label]), t["patch"])
         lines = run_cli("--sglang-source", str(release_files[label])).stdout.splitlines()
         assert any(ln.endswith(f"patch: {t['patch_file']} (applies)") for ln in lines)
+        # The sha256 is the function's fingerprint, never labelled as the file's.
+        fp = f"fingerprint: {t['sha256']} (sha256 of _post_process_topk_ids and the module code"
+        assert any(ln.strip().startswith(fp) for ln in lines), lines
+        assert not any(ln.strip().startswith("sha256:") for ln in lines)
         # The table prints the command on two lines that paste as one shell command.
         at = lines.index("        to patch the file instead:")
         assert " ".join(ln.strip() for ln in lines[at + 1 : at + 3]) == t["apply_command"]
@@ -191,6 +197,8 @@ def test_patched_file_is_named_as_patched(
     # A patched image is told apart from a fixed release, and the patch is named.
     assert t["patch"] == name and t["patch_status"] == patching.ALREADY_APPLIED
     assert t["reason"] == f"patched: {name} is applied to this file" and t["apply_command"] is None
+    # ...and its action says so, not "upstream already masks".
+    assert t["action"] == f"not hooked: the file is patched ({name} is applied)", t["action"]
     diff = run_cli("--diff", "--sglang-source", str(fixed))
     assert f"already patched ({name})" in diff.stdout
 
@@ -297,6 +305,9 @@ def test_aiter_source_mode() -> None:
 def test_errors_exit_2(tmp_path: Path) -> None:
     missing = run_cli("--sglang-source", str(tmp_path / "nope.py"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+    # --json prints one JSON document even then: an error object.
+    doc = json.loads(run_cli("--json", "--sglang-source", str(tmp_path / "nope.py")).stdout)
+    assert doc["exit_status"] == 2 and "cannot read" in doc["error"] and doc["targets"] == []
     binary = tmp_path / "topk.py"
     binary.write_bytes(b"\x7fELF\xff\xfe\x00\x80 not source")
     not_text = run_cli("--sglang-source", str(binary))
@@ -359,8 +370,8 @@ def test_only_regular_files_are_read(tmp_path: Path) -> None:
     _refused(proc, "is not a regular file")
     big = tmp_path / "big.py"
     with open(big, "wb") as f:
-        f.truncate(read.MAX_SOURCE_BYTES + 1)  # sparse: nothing written
-    _refused(run_cli("--sglang-source", str(big)), f"limit {read.MAX_SOURCE_BYTES}")
+        f.truncate(sources.MAX_SOURCE_BYTES + 1)  # sparse: nothing written
+    _refused(run_cli("--sglang-source", str(big)), f"limit {sources.MAX_SOURCE_BYTES}")
 
 
 def _audit_proc(args: list[str], **kw: object) -> subprocess.CompletedProcess:
@@ -503,6 +514,7 @@ def _with_standin(
         "from sglang_amd_moe.diagnostics import audit\n"
         f"rc, reps, view = audit.run({list(args)!r})\n"
         "print(json.dumps({'rc': rc, 'aiter_imported': 'aiter' in sys.modules,\n"
+        "  'attention': audit.render.attention(reps, view),\n"
         "  't': [r.to_json() for r in reps]}))\n"
     )
     return subprocess.run(
@@ -537,6 +549,8 @@ def test_plugin_disabled_on_broken_form_needs_attention(
     t = next(t for t in out["t"] if t["target"] == "aiter")
     assert t["covered"] is False and t["needs_attention"] is True and why in t["reason"]
     assert out["rc"] == 1
+    # Exit 1 always comes with what needs action, in one list.
+    assert out["attention"] == [f"aiter: {t['reason']}"], out["attention"]
 
 
 @pytest.mark.sglang  # --load imports SGLang 0.5.23 and runs its load_plugins()
@@ -595,7 +609,7 @@ def test_verdict_from_hook_status_after_load(
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     view = plugins.plugin_view()
-    assert view.sglang_loader and view.sglang_ep is not None and read.torch_is_rocm() is False
+    assert view.sglang_loader and view.sglang_ep is not None and sources.torch_is_rocm() is False
     view.loaded = True
     rep = read.not_installed(read.SGLANG)
     rep.installed, rep.form, rep.file = True, "weights-only", "topk.py"
@@ -787,7 +801,7 @@ def test_supported_triton_keeps_the_predicted_hook(monkeypatch: pytest.MonkeyPat
 def test_triton_here_is_not_judged_off_rocm(monkeypatch: pytest.MonkeyPatch) -> None:
     # Off ROCm the verdict is the one for a ROCm machine, whose torch brings its own Triton.
     monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
-    monkeypatch.setattr(read, "torch_is_rocm", lambda: False)
+    monkeypatch.setattr(sources, "torch_is_rocm", lambda: False)
     monkeypatch.setattr(env, "triton_version", lambda: None)
     assert verdict.predicted(plugins.Route("SGLang"))[:2] == (True, "on load")
 
@@ -819,7 +833,7 @@ def test_load_off_rocm_is_covered_whatever_triton_is_here(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
-    monkeypatch.setattr(read, "torch_is_rocm", lambda: False)
+    monkeypatch.setattr(sources, "torch_is_rocm", lambda: False)
     monkeypatch.setattr(env, "triton_version", lambda: "3.2.0")
     rep = _sglang_report(_off("sglang-amd-moe: not ROCm; nothing hooked"))
     assert verdict.observed(rep, plugins.Route("SGLang"))[:2] == (True, "not ROCm")
@@ -855,7 +869,7 @@ def test_load_previews_only_where_the_plugin_is_off_for_the_platform_alone(
     monkeypatch.delenv("SGLANG_AMD_MOE_DISABLE", raising=False)
     for k, v in env_vars.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(read, "torch_is_rocm", lambda: False)
+    monkeypatch.setattr(sources, "torch_is_rocm", lambda: False)
     monkeypatch.setattr(env, "triton_version", lambda: triton)
     calls = []
 
@@ -871,6 +885,283 @@ def test_load_previews_only_where_the_plugin_is_off_for_the_platform_alone(
     plugins.observe_sglang(rep, view)
     assert bool(calls) is previewed
     assert rep.seen is not None and rep.seen.previewed is previewed
+
+
+# --------------------------------------------------------------------------- coverage, guard
+
+
+#: What every CI release's own files say about the count (docs/reference.md, "Which paths
+#: pass a count"): only expert-parallel paths pass one; 0.5.23 zeroes DP pad rows on HIP.
+_EP_ONLY = {"ep": "yes", "tp": "no", "dp": "no", "draft": "no"}
+
+
+@pytest.mark.parametrize("label", [r.label for r in releases.RELEASES if r.ci])
+def test_coverage_is_read_from_the_installed_release(
+    label: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rel = releases.BY_LABEL[label]
+    require_built(rel)
+    root = rel.topk_path().parents[3]
+    monkeypatch.delenv("SGLANG_DP_MASK_PAD_ROWS", raising=False)
+    got = sources.sglang_counts(root)
+    if rel.version == releases.MAIN_RELEASE:
+        assert got == {**_EP_ONLY, "dp": "zeroed"}
+        monkeypatch.setenv("SGLANG_DP_MASK_PAD_ROWS", "0")  # SGLang's own switch, off
+        assert sources.sglang_counts(root) == _EP_ONLY
+    else:
+        assert got == _EP_ONLY
+
+
+def test_coverage_of_code_it_does_not_know_is_not_guessed(tmp_path: Path) -> None:
+    fbi = tmp_path / "srt" / "model_executor" / "forward_batch_info.py"
+    fbi.parent.mkdir(parents=True)
+    fbi.write_text("def enable_num_token_non_padded():\n    return True\n")
+    assert sources.sglang_counts(tmp_path) is None
+    fbi.write_text(
+        "def enable_num_token_non_padded():\n    return get_parallel().moe_ep_size > 1\n"
+    )
+    runner = tmp_path / "srt" / "speculative" / "eagle_draft_cuda_graph_runner.py"
+    runner.parent.mkdir(parents=True)
+    runner.write_text("# TODO(ch-wan): support num_token_non_padded\nx = 1\n")
+    assert sources.sglang_counts(tmp_path) == _EP_ONLY
+    runner.write_text("buffers.num_token_non_padded.fill_(n)\n")  # a runner that sets one
+    assert sources.sglang_counts(tmp_path) == {**_EP_ONLY, "draft": "?"}
+
+
+def _view(aiter: Path | None) -> plugins.PluginView:
+    ep = md.EntryPoint("sglang_amd_moe", plugins.OUR_SGLANG_EP, "sglang.srt.plugins")
+    return plugins.PluginView(Path("sglang"), aiter, True, ep, False, None)
+
+
+def _on_rocm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine as the ROCm one the verdict is for (no switch of the plugin set)."""
+    for var in ("FORCE", "DISABLE", "GUARD", "STRICT"):
+        monkeypatch.delenv(f"SGLANG_AMD_MOE_{var}", raising=False)
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    monkeypatch.setattr(sources, "torch_is_rocm", lambda: True)
+    monkeypatch.setattr(env, "triton_version", lambda: "3.4.0")
+
+
+def _guard(monkeypatch: pytest.MonkeyPatch, status: HookStatus | None) -> None:
+    """This sglang-amd-moe's count-free guard, as a loaded runtime target whose status is
+    ``status`` (None: a package without the guard)."""
+
+    class Guard:
+        name = "guard"
+
+        @staticmethod
+        def status() -> HookStatus | None:
+            return status
+
+        @staticmethod
+        def is_live() -> bool:
+            return status is not None and status.state == "live"
+
+    monkeypatch.setattr(plugins, "has_guard", lambda: status is not None)
+    module = type(sys)("guard")  # in place of the real guard module, loaded or not
+    module.HOOK, module.status, module.is_live = Guard, Guard.status, Guard.is_live
+    monkeypatch.setitem(sys.modules, plugins.HOOK_MODULES[read.GUARD], module)
+
+
+def _aiter_report() -> audit.TargetReport:
+    src = STANDIN_DROPPED.read_text()
+    return read.build_report(read.AITER, STANDIN_DROPPED, src, "aiter", "0.1", given=False)
+
+
+def _tp8_report(aiter: bool) -> tuple[int, str, dict]:
+    """A TP-8 DeepSeek-R1 server's audit after load_plugins() on SGLang 0.5.13.post1 (its
+    real topk.py and forward_batch_info.py): the SGLang hook live, aiter installed or not."""
+    rel = releases.BY_LABEL["0.5.13.post1"]
+    require_built(rel)
+    path = rel.topk_path()
+    view = _view(STANDIN if aiter else None)
+    view.loaded = True
+    sglang = read.build_report(
+        read.SGLANG, path, path.read_text(), "sglang", rel.version, given=False
+    )
+    sglang.status = HookStatus("sglang", "live", "weights-only", "sglang-amd-moe: ... -> hooked")
+    reports = [sglang, _aiter_report() if aiter else read.not_installed(read.AITER)]
+    for rep in reports:
+        verdict.conclude(rep, view)
+    coverage.attach(reports, True)
+    exit_status = 1 if render.attention(reports, view) else 0
+    return exit_status, render.render_table(reports, exit_status, view), sglang.to_json()
+
+
+def _path(cov: dict, label: str) -> dict:
+    return next(p for p in cov["paths"] if p["path"] == coverage.PATHS[label])
+
+
+def test_tp_server_on_a_hooked_release_is_protected_only_by_the_guard(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _on_rocm(monkeypatch)
+    _guard(monkeypatch, HookStatus("guard", "live", None, "sglang-amd-moe: guard live at ..."))
+    code, text, t = _tp8_report(aiter=True)
+    cov = t["coverage"]  # the SGLang target needs nothing (the stand-in aiter's drift does)
+    assert not t["needs_attention"] and "read from" in cov["source"]
+    assert _path(cov, "ep")["protected_by"] == ["the SGLang hook (live)", "the guard (live)"]
+    for key in ("tp", "dp", "draft"):  # no count there: the guard alone
+        assert _path(cov, key) == {
+            "path": coverage.PATHS[key],
+            "count": "no",
+            "protected_by": ["the guard (live)"],
+        }
+    assert cov["unprotected"] == []
+    assert "guard at its MoE entry: live here (sglang-amd-moe: guard live at ...)" in text
+    tp = next(ln for ln in text.splitlines() if "TP MoE (forward_normal)" in ln)
+    assert tp.split()[-4:] == ["none", "the", "guard", "(live)"], tp
+
+
+@pytest.mark.parametrize(
+    ("guard", "aiter", "why"),
+    [
+        (None, True, "not in this sglang-amd-moe"),
+        (HookStatus("guard", "off", None, "sglang-amd-moe: guard off"), True, "off: "),
+        (HookStatus("guard", "live", None, "guarded"), False, "off: aiter is not installed"),
+    ],
+    ids=["no-guard", "guard-off", "no-aiter"],
+)
+def test_tp_server_without_the_guard_is_not_protected_and_the_audit_says_so(
+    monkeypatch: pytest.MonkeyPatch, guard: HookStatus | None, aiter: bool, why: str
+) -> None:
+    """Exit 0 (what the plugin can fix is fixed), and the table says plainly that the
+    TP, DP and draft paths' padded rows are masked by nothing."""
+    _on_rocm(monkeypatch)
+    _guard(monkeypatch, guard)
+    code, text, t = _tp8_report(aiter)
+    cov = t["coverage"]
+    assert not t["needs_attention"] and cov["guard"].startswith(why), cov["guard"]
+    assert cov["unprotected"] == [coverage.PATHS[k] for k in ("tp", "dp", "draft")]
+    assert _path(cov, "ep")["protected_by"] == ["the SGLang hook (live)"]
+    summary = next(ln for ln in text.splitlines() if ln.startswith("coverage: nothing masks"))
+    assert "TP MoE (forward_normal)" in summary and why in summary, summary
+    if not aiter:  # the caveat stands beside an exit 0
+        assert code == 0 and text.rstrip().endswith("OK: nothing needs action (exit 0)")
+
+
+def test_guard_state_is_read_like_the_aiter_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loaded runtime target named "guard" is found wherever it lives; its status decides
+    the guard's state on the aiter target as the aiter hook's decides aiter's (pending
+    covers, off does not), and the guard never makes the audit need attention."""
+    _on_rocm(monkeypatch)
+    view = _view(STANDIN)
+    view.loaded = True
+    for state, covered in (("pending", True), ("live", True), ("off", False)):
+        message = f"sglang-amd-moe: guard {state}"
+        _guard(monkeypatch, HookStatus("guard", state, None, message))
+        assert plugins.hook_status(read.GUARD).state == state
+        rep = _aiter_report()
+        verdict.conclude(rep, view)
+        assert rep.guard == {
+            "state": state, "live": state == "live", "why": message, "covered": covered
+        }, rep.guard  # fmt: skip
+        assert rep.to_json()["guard"] == rep.guard
+        text = render.render_table([rep], 1, view)
+        shown = "live here" if state == "live" else state
+        assert f"guard at its MoE entry: {shown} ({message})" in text
+    view.loaded = False  # the plain audit: the routes say
+    rep = _aiter_report()
+    verdict.conclude(rep, view)
+    assert (rep.guard["state"], rep.guard["covered"]) == ("on load", True), rep.guard
+    assert "aiter.fused_moe._fused_moe_impl" in rep.guard["why"]
+    monkeypatch.setenv("SGLANG_AMD_MOE_GUARD", "0")
+    verdict.conclude(rep, view)
+    assert (rep.guard["state"], rep.guard["covered"]) == ("off", False), rep.guard
+
+
+def test_guard_switch_is_read_before_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    _on_rocm(monkeypatch)
+    assert verdict.predicted(plugins.routes(read.GUARD, _view(STANDIN))[0])[:2] == (True, "on load")
+    monkeypatch.setenv("SGLANG_AMD_MOE_GUARD", "0")
+    (route,) = plugins.routes(read.GUARD, _view(STANDIN))[:1]
+    assert (route.cell, route.why) == ("off", "the guard alone is off (SGLANG_AMD_MOE_GUARD=0)")
+    assert plugins.routes(read.SGLANG, _view(STANDIN))[0].cell == ""  # the hook stays
+
+
+# --------------------------------------------------------------------------- strict, smaller items
+
+
+def test_strict_leaves_an_unknown_body_to_upstream_and_says_why(
+    release_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = release_files["0.5.13.post1"]
+    src = path.read_text().replace("topk_weights[indices >= num", "topk_weights[indices > num")
+    monkeypatch.setenv("SGLANG_AMD_MOE_STRICT", "1")
+    rep = read.build_report(read.SGLANG, path, src, "sglang", "0.5.13.post1", given=False)
+    assert rep.form == "unknown"
+    verdict.conclude(rep, _view(None))
+    assert rep.needs_attention and verdict.STRICT in rep.reason
+    assert rep.action == f"not hooked: {verdict.STRICT}"
+    # --load: the hook's own refusal (its log line) is the reason shown.
+    refused = HookStatus("sglang", "refused", "unknown", "sglang-amd-moe: unknown body left "
+                         "to upstream (SGLANG_AMD_MOE_STRICT=1)")  # fmt: skip
+    rep.seen = plugins.Seen("upstream's function", _RIGHT, _probe("unknown", True), refused)
+    v = verdict.behaviour_verdict(rep, verdict.verdict(rep, _view(None)))
+    assert v.attention and "left to upstream (SGLANG_AMD_MOE_STRICT=1)" in v.reason, v.reason
+
+
+def test_exit_1_always_lists_what_needs_action() -> None:
+    rep = read.not_installed(read.SGLANG)
+    rep.needs_attention, rep.reason = True, "weights-only: not covered: plugin disabled"
+    view = _view(None)
+    doc = json.loads(render.render_json([rep], 1, view, diff=False))
+    assert doc["problems"] == [] and doc["attention"] == [f"sglang: {rep.reason}"]
+    view.problems = ["both triton and pytorch-triton-rocm"]
+    rep.needs_attention = False
+    text = render.render_table([rep], 1, view)
+    assert text.rstrip().endswith("ATTENTION: the environment needs action (exit 1)")
+    assert render.attention([rep], view) == ["environment: both triton and pytorch-triton-rocm"]
+
+
+def test_load_off_rocm_gives_the_plugins_own_reason(
+    release_files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang 0.5.23 off ROCm after load_plugins(): the plugin logs "not ROCm ...; nothing
+    hooked"; the audit prints that line as the plugin's, and labels the action it would
+    take as the one on a ROCm machine (one state, one reason)."""
+    monkeypatch.delenv("SGLANG_AMD_MOE_FORCE", raising=False)
+    monkeypatch.setattr(sources, "torch_is_rocm", lambda: False)
+    path = release_files[releases.MAIN_RELEASE]
+    rep = read.build_report(read.SGLANG, path, path.read_text(), "sglang", "0.5.23", given=False)
+    line = "sglang-amd-moe: not ROCm (torch.version.hip is unset; ...); nothing hooked"
+    rep.status, rep.hook_message = _off(line), line
+    preview = HookStatus("sglang", "not-needed", "fixed", "not hooked",
+                         {"probe": {"ran": False, "why": "topk is not imported"}})  # fmt: skip
+    rep.seen = plugins.Seen("upstream's function", _RIGHT, _RIGHT, preview, previewed=True)
+    view = _view(None)
+    view.loaded = True
+    verdict.conclude(rep, view)
+    text = render.render_table([rep], 0, view)
+    assert "        plugin here: not ROCm (torch.version.hip is unset; ...); nothing hooked" in text
+    assert "        plugin action on a ROCm machine: not hooked: upstream already masks" in text
+
+
+def test_patch_command_for_a_dash_name_and_a_symlink(
+    release_files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--sglang-source ./-topk.py`: the command must not read the name as options (it
+    once wrote an unrelated pk.py); a symlink is patched where it points (GNU patch
+    refuses a link)."""
+    monkeypatch.chdir(tmp_path)
+    src = release_files["0.5.13.post1"].read_text()
+    Path("-topk.py").write_text(src)
+    Path("real.py").write_text(src)
+    Path("link.py").symlink_to("real.py")
+    name = patching.patch_for("sglang", "weights-only")
+    for arg, patched in (("./-topk.py", "-topk.py"), ("link.py", "real.py")):
+        rep = read.given_file(read.SGLANG, Path(arg))
+        verdict.conclude(rep, None)
+        assert rep.apply_command == patching.apply_command(rep.file, name)
+        target = "./-topk.py" if patched == "-topk.py" else str(tmp_path / "real.py")
+        assert f" {target} " in rep.apply_command, rep.apply_command
+        if shutil.which("patch") is not None:
+            proc = subprocess.run(["bash", "-c", rep.apply_command], capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            assert Path(patched).read_text() == patching.apply_text(src, patching.read_patch(name))
+    assert (
+        sorted(os.listdir()) == ["-topk.py", "link.py", "real.py"] and Path("link.py").is_symlink()
+    )
 
 
 # --------------------------------------------------------------------------- the patch probe, run

@@ -1,11 +1,7 @@
-"""The ``sglang-amd-moe`` command: ``audit``, ``check`` and ``demo``.
-
-Each subcommand lives in its own module and takes its own ``argv``; this module only
-dispatches, so ``sglang-amd-moe audit --help`` is the audit's own help. Conventions for
-every subcommand: usage errors go to stderr with exit status 2; a report that cannot be
-written (a closed stdout, a reader that went away) is exit status 2 with one line on
-stderr, never a traceback and never the verdict's 0 or 1; Ctrl-C is exit status 130.
-"""
+"""The ``sglang-amd-moe`` command: dispatches to ``audit``, ``check`` and ``demo`` (each
+its own module, with its own ``--help``). For every command: a usage error, or a report
+that cannot be written, is exit 2 with one line on stderr (never a traceback, never the
+verdict's 0 or 1); Ctrl-C is 130."""
 
 from __future__ import annotations
 
@@ -17,19 +13,10 @@ import sys
 from sglang_amd_moe import __version__
 
 PROG = "sglang-amd-moe"
-SUBCOMMANDS = {
-    "audit": (
-        "sglang_amd_moe.diagnostics.audit",
-        "what is installed, what is broken, what the plugin changes",
-    ),
-    "check": (
-        "sglang_amd_moe.diagnostics.check",
-        "padded-batch end-to-end check on a small MoE model",
-    ),
-    "demo": (
-        "sglang_amd_moe.diagnostics.demo",
-        "audit and check in each SGLang environment given, one table (`make demo`)",
-    ),
+SUBCOMMANDS = {  # name -> (module under sglang_amd_moe.diagnostics, what it does)
+    "audit": ("audit", "what is installed, what is broken, what the plugin changes"),
+    "check": ("check", "padded-batch end-to-end check on a small MoE model"),
+    "demo": ("demo", "audit and check in each SGLang environment given, one table (`make demo`)"),
 }
 
 
@@ -67,11 +54,8 @@ class OutputError(Exception):
 
 
 def write_stdout(text: str) -> None:
-    """Write ``text`` to stdout and flush, or raise :class:`OutputError`.
-
-    Characters the stream cannot encode (an ASCII-only locale, a non-ASCII path) are
-    written as backslash escapes, so a report is never lost to the locale.
-    """
+    """Write ``text`` to stdout and flush, or raise :class:`OutputError`; what the stream
+    cannot encode (an ASCII locale) is written as backslash escapes, never lost."""
     out = sys.stdout
     if out is None:
         raise OutputError("stdout is closed")
@@ -89,8 +73,7 @@ def write_stdout(text: str) -> None:
 
 
 def _silence_stdout() -> None:
-    """Point stdout at /dev/null after a failed write, so that the interpreter's own
-    flush at exit cannot fail again (with a traceback and exit status 120)."""
+    """Point stdout at /dev/null after a failed write: the exit's own flush cannot fail."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -134,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        module = importlib.import_module(SUBCOMMANDS[name][0])
+        module = importlib.import_module(f"sglang_amd_moe.diagnostics.{SUBCOMMANDS[name][0]}")
         status = int(module.main(rest) or 0)
     except KeyboardInterrupt:
         _stderr(f"{PROG} {name}: interrupted")

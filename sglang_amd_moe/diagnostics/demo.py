@@ -1,18 +1,8 @@
-"""``sglang-amd-moe demo`` (what ``make demo`` runs): the padded-batch bug and the fix, one screen.
-
-For each SGLang environment given (``--python``, the interpreter of another environment;
-``make demo`` passes SGLang 0.5.13.post1's) and the one running the demo, it runs
-``sglang-amd-moe audit --json`` and ``sglang-amd-moe check --no-rebuilt`` in that
-environment's own interpreter, the checks side by side, and prints one table: what the
-plugin does to that release, and the real rows of each padded batch without and with the
-plugin. Each check's full table, its JSON and each audit's JSON are kept in ``--out-dir``;
-the footer lists the commands that ran, so every number on the screen can be traced to
-its source.
-
-Exit status: 0 every row with the plugin matches in every environment; 1 a row with the
-plugin does not match; 2 an environment's check or audit could not run (its log says
-why). The audit's "needs attention" does not change it: the check's rows are the verdict.
-"""
+"""``sglang-amd-moe demo`` (what ``make demo`` runs): the padded-batch bug and the fix on
+one screen. In each environment given (``--python``) and this one, ``audit --json`` and
+``check --no-rebuilt`` run in that environment's interpreter (the checks side by side);
+one table says what the plugin does to each release and how the real rows of each padded
+batch come out without and with it. Everything each command wrote stays in ``--out-dir``."""
 
 from __future__ import annotations
 
@@ -27,57 +17,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_amd_moe.diagnostics.check import device
+from sglang_amd_moe.diagnostics.check import DEVICE_HELP, device
 
-DESCRIPTION = """\
-Run `sglang-amd-moe audit` and `sglang-amd-moe check --no-rebuilt` in this interpreter's
-SGLang and in each --python interpreter's, and print what the plugin does there and the
-real rows of padded batches without and with it, on one screen."""
 EPILOG = """exit status:
   0  every row with the plugin matches the unpadded run, in every environment
   1  a row with the plugin does not match
   2  a check or an audit could not run (its log in --out-dir says why); the audit's
      "needs attention" does not change the status: the check's rows are the verdict"""
 
-#: How long one environment's check may take (it takes well under a minute on 2 cores).
-CHECK_TIMEOUT_S = 900
+PYTHON_HELP = "the python of another environment with SGLang and this package (repeatable)"
+CHECK_TIMEOUT_S = 900  # one environment's check (well under a minute on 2 cores)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="sglang-amd-moe demo",
-        description=DESCRIPTION,
+        description="Run `sglang-amd-moe audit` and `check --no-rebuilt` with this python and "
+        "each --python, and show the real rows of padded batches without and with the plugin.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--python",
-        action="append",
-        default=[],
-        metavar="PYTHON",
-        help="the python of another environment with SGLang and this package (repeatable); "
-        "`make demo` passes .compat/0.5.13.post1/bin/python",
-    )
-    p.add_argument(
-        "--device",
-        type=device,
-        default="cpu",
-        help="passed to each check: cpu (default), or cuda (ROCm builds of torch call an AMD "
-        "GPU `cuda` too)",
-    )
-    p.add_argument(
-        "--out-dir",
-        metavar="DIR",
-        help="where each check's table and JSON and each audit's JSON are kept (default: a "
-        "new temporary directory, printed at the end)",
-    )
+    add = p.add_argument
+    add("--python", action="append", default=[], metavar="PYTHON", help=PYTHON_HELP)
+    add("--device", type=device, default="cpu", help=f"passed to each check: {DEVICE_HELP}")
+    add("--out-dir", metavar="DIR", help="where each command's output is kept (default: a new "
+        "temporary directory, printed at the end)")  # fmt: skip
     return p.parse_args(argv)
 
 
 def shown(path: str | Path) -> str:
     """``path`` relative to the working directory when it lies below it (shorter to read)."""
-    absolute = os.path.abspath(path)  # not resolve(): a venv's python is a symlink
-    relative = os.path.relpath(absolute)
+    relative = os.path.relpath(absolute := os.path.abspath(path))  # a venv's python: a link
     return absolute if relative.startswith("..") else relative
 
 
@@ -94,27 +64,16 @@ class Env:
     check_status: int | None = None
     check_error: str = ""
 
-    @property
-    def check_json(self) -> Path:
-        return self.out_dir / f"check-{self.tag}.json"
-
-    @property
-    def check_log(self) -> Path:
-        return self.out_dir / f"check-{self.tag}.log"
-
-    @property
-    def audit_json(self) -> Path:
-        return self.out_dir / f"audit-{self.tag}.json"
+    def path(self, kind: str) -> Path:  # "check.json", "check.log", "audit.json"
+        name, ext = kind.split(".")
+        return self.out_dir / f"{name}-{self.tag}.{ext}"
 
     def command(self, *args: str) -> list[str]:
         return [self.python, "-m", "sglang_amd_moe", *args]
 
     @property
     def sglang(self) -> dict[str, Any]:
-        for target in self.audit.get("targets", []):
-            if target.get("target") == "sglang":
-                return target
-        return {}
+        return next((t for t in self.audit.get("targets", []) if t.get("target") == "sglang"), {})
 
     @property
     def version(self) -> str:
@@ -122,35 +81,31 @@ class Env:
 
 
 def run_audit(env: Env, taken: set[str]) -> None:
-    """``audit --json`` in the environment's interpreter. The SGLang version it reports
+    """``audit --json`` in the environment's interpreter; the SGLang version it reports
     names the environment's files (``audit-<version>.json``, ``check-<version>.*``)."""
     try:
-        proc = subprocess.run(
-            env.command("audit", "--json"), capture_output=True, text=True, timeout=300
-        )
+        cmd = env.command("audit", "--json")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        env.audit_status = proc.returncode
+        env.audit = json.loads(proc.stdout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         env.audit_status, env.check_error = 2, f"audit: {exc}"
         return
-    env.audit_status = proc.returncode
-    try:
-        env.audit = json.loads(proc.stdout)
     except ValueError:
         env.audit = {}
-    tag = env.sglang.get("version") or env.tag
-    while tag in taken:
-        tag += "+"
-    taken.add(tag)
-    env.tag = tag
-    env.audit_json.write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    env.tag = env.sglang.get("version") or env.tag
+    while env.tag in taken:
+        env.tag += "+"
+    taken.add(env.tag)
+    env.path("audit.json").write_text(proc.stdout + proc.stderr, encoding="utf-8")
 
 
 def start_check(env: Env, device_name: str) -> subprocess.Popen | None:
     """Start ``check --no-rebuilt`` in the environment's interpreter; its table goes to a log."""
-    cmd = env.command(
-        "check", "--no-rebuilt", "--device", device_name, "--json-file", str(env.check_json)
-    )
+    cmd = env.command("check", "--no-rebuilt", "--device", device_name, "--json-file")
+    cmd.append(str(env.path("check.json")))
     try:
-        with open(env.check_log, "w", encoding="utf-8") as log:
+        with open(env.path("check.log"), "w", encoding="utf-8") as log:
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     except OSError as exc:
         env.check_status, env.check_error = 2, f"check: {exc}"
@@ -168,46 +123,52 @@ def finish_check(env: Env, proc: subprocess.Popen | None) -> None:
         env.check_status, env.check_error = 2, f"check: no result after {CHECK_TIMEOUT_S} s"
         return
     try:
-        env.check = json.loads(env.check_json.read_text(encoding="utf-8"))
+        env.check = json.loads(env.path("check.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         env.check = {}
-        lines = env.check_log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        lines = (
+            env.path("check.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        )
         env.check_error = lines[-1] if lines else f"check exited {env.check_status}"
 
 
 def plugin_cell(env: Env) -> str:
-    """What the plugin did when SGLang loaded it in the check (the end of its log line,
-    after ``->``), else the audit's reading."""
-    forms = env.check.get("forms") or []
-    message = forms[0].get("hook_message", "") if forms else ""
+    """What the plugin did when the check loaded it (its log line after ``->``), else the
+    audit's reading."""
+    message = ((env.check.get("forms") or [{}])[0]).get("hook_message", "")
     if " -> " in message:
         return message.split(" -> ", 1)[1]
     return env.sglang.get("action") or env.sglang.get("reason") or "-"
 
 
-def _without_cells(row: dict[str, Any]) -> str:
+def _cells(row: dict[str, Any], with_: dict[str, Any] | None) -> str:
+    """The cells of one batch: without the plugin, then with it."""
     if row.get("error"):
-        return f"{'error: ' + row['error'][:38]:<44}"
-    cmp = row["compare"]
-    bad = f"{cmp['bad_rows']}/{row['real']}"
-    return f"{cmp['nan_count']:>10} {bad:>9} {row['out_of_range_ids']:>8}     "
-
-
-def _with_cell(row: dict[str, Any] | None) -> str:
-    if row is None:
-        return "not run"
-    if row.get("error"):
-        return "error: " + row["error"][:40]
-    cmp = row["compare"]
-    return cmp["match"] if cmp["match"] != "MISMATCH" else f"MISMATCH ({cmp['bad_rows']} rows)"
+        left = f"{'error: ' + row['error'][:38]:<44}"
+    else:
+        cmp, ids = row["compare"], row["out_of_range_ids"]
+        bad = f"{cmp['bad_rows']}/{row['real']}"
+        left = f"{cmp['nan_count']:>10} {bad:>9} {ids:>8}     "
+    if with_ is None or with_.get("error"):
+        return f"{left}| {'error: ' + with_['error'][:40] if with_ else 'not run'}"
+    match, bad = with_["compare"]["match"], with_["compare"]["bad_rows"]
+    return f"{left}| {match}" + (f" ({bad} rows)" if match == "MISMATCH" else "")
 
 
 def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
-    envs = sorted(envs, key=lambda e: _version_key(e.version))
+    def version(e: Env) -> tuple:
+        return tuple(
+            int(p) if p.isdigit() else -1 for p in e.version.replace("post", "").split(".")
+        )
+
+    envs = sorted(envs, key=version)
+    ran = next((e.check for e in envs if e.check.get("config")), {})
+    where = "the CPU" if ran.get("device", "cpu") == "cpu" else ran["device"]
+    ne = sum(ran.get("config", {}).get(k, 0) for k in ("routed_experts", "shared_experts")) or "NE"
     lines = [
         "sglang-amd-moe demo: CUDA-graph batches padded with garbage rows (NaN, +-1e30) go",
         "through each SGLang's real select_experts/_post_process_topk_ids, its HIP branch",
-        f"forced, then an aiter-like MoE (a tiny DeepSeek-style model, on {_device(envs)}): the",
+        f"forced, then an aiter-like MoE (a tiny DeepSeek-style model, on {where}): the",
         "real rows are compared with the same tokens run unpadded.",
         "",
     ]
@@ -232,13 +193,11 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
             continue
         with_rows = {(r["real"], r["padded"]): r for r in env.check.get("with_plugin", [])}
         for row in env.check.get("without_plugin", []):
-            batch = f"{row['real']} of {row['padded']}"
-            key = (row["real"], row["padded"])
-            lines.append(
-                f"{env.version:<14}{batch:>11} | {_without_cells(row)}| "
-                f"{_with_cell(with_rows.get(key))}"
+            batch, with_ = (
+                f"{row['real']} of {row['padded']}",
+                with_rows.get((row["real"], row["padded"])),
             )
-    ne = _experts(envs)
+            lines.append(f"{env.version:<14}{batch:>11} | {_cells(row, with_)}")
     lines += [
         "",
         "NaN cells: non-finite values in the real rows; bad rows: real rows not bit-identical",
@@ -256,38 +215,13 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
     return "\n".join(lines)
 
 
-def _version_key(version: str) -> tuple:
-    parts = []
-    for piece in version.replace("post", "").split("."):
-        parts.append(int(piece) if piece.isdigit() else -1)
-    return tuple(parts)
-
-
-def _device(envs: list[Env]) -> str:
-    for env in envs:
-        if env.check.get("device"):
-            return "the CPU" if env.check["device"] == "cpu" else str(env.check["device"])
-    return "the CPU"
-
-
-def _experts(envs: list[Env]) -> str:
-    for env in envs:
-        cfg = env.check.get("config") or {}
-        if cfg:
-            return str(cfg.get("routed_experts", 0) + cfg.get("shared_experts", 0))
-    return "NE"
-
-
 def _verdict(envs: list[Env]) -> str:
     if any(env.check_status == 2 or not env.check for env in envs):
         return "could not run everywhere (see above)"
     if not all(env.check.get("ok") for env in envs):
         return "FAIL: a row with the plugin does not match"
-    broken = [
-        env.version
-        for env in envs
-        if any(r["compare"]["match"] == "MISMATCH" for r in env.check.get("without_plugin", []))
-    ]
+    rows = {e.version: e.check.get("without_plugin", []) for e in envs}
+    broken = [v for v, rs in rows.items() if any(r["compare"]["match"] == "MISMATCH" for r in rs)]
     shows = f" ({', '.join(broken)}: wrong without it)" if broken else ""
     return f"PASS: with the plugin every real row matches{shows}"
 
@@ -299,7 +233,6 @@ def status(envs: list[Env]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """See the module docstring."""
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     started = time.monotonic()
     for python in args.python:
@@ -310,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="sglang-amd-moe-demo-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    pythons = [*args.python, sys.executable]
-    envs = [Env(py, f"env{i}", out_dir) for i, py in enumerate(pythons)]
+    envs = [Env(py, f"env{i}", out_dir) for i, py in enumerate([*args.python, sys.executable])]
     taken: set[str] = set()
     for env in envs:
         run_audit(env, taken)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import releases
@@ -81,6 +82,15 @@ def test_audit_matches_expected_form(label: str) -> None:
         assert any("not a ROCm build" in n for n in doc["notes"]), doc["notes"]
     aiter = next(t for t in doc["targets"] if t["target"] == "aiter")
     assert aiter["form"] == "not installed" and not aiter["needs_attention"]
+    # Coverage, read from the release's own files: only expert-parallel paths pass a count;
+    # without aiter (no guard) nothing masks the padded rows of a TP MoE.
+    cov = sg["coverage"]
+    assert cov["source"].startswith("read from this SGLang's forward_batch_info.py"), cov
+    counts = {p["path"]: p["count"] for p in cov["paths"]}
+    assert counts["expert parallel, all-to-all (DeepEP, mori)"] == "yes", counts
+    assert counts["TP MoE (forward_normal)"] == counts["EAGLE/MTP draft graphs"] == "no", counts
+    assert "TP MoE (forward_normal)" in cov["unprotected"]
+    assert bool(doc["attention"]) is (rel.expected_audit_exit == 1), doc["attention"]
     # The table says the same in five seconds.
     text = _audit(rel)
     assert text.returncode == rel.expected_audit_exit
@@ -88,24 +98,41 @@ def test_audit_matches_expected_form(label: str) -> None:
     assert first.split() == ["TARGET", "INSTALLED", "FORM", "HOOK", "PATCH", "PATCH", "STATUS"]
     assert row.split()[:4] == ["sglang", "sglang", rel.version, rel.expected_form]
     assert text.stdout.rstrip().endswith(f"(exit {rel.expected_audit_exit})")
+    (summary,) = [ln for ln in text.stdout.splitlines() if ln.startswith("coverage: nothing")]
+    assert "TP MoE (forward_normal)" in summary, summary
 
 
 _LOADS: dict[tuple[str, bool], tuple[int, dict]] = {}
 
 
+def _load_keys() -> list[tuple[str, bool]]:
+    """Every (release, FORCE) the tests below ask for: FORCE for each CI release, and
+    without it for the releases of AGREE (FORCE changes nothing without a loader)."""
+    keys = [(r.label, r.has_plugin_loader) for r in releases.RELEASES if r.ci]
+    keys += [(p.values[0], False) for p in AGREE]
+    return list(dict.fromkeys(keys))
+
+
+def _load_run(key: tuple[str, bool]) -> tuple[int, dict]:
+    rel = _release(key[0])
+    env = {"SGLANG_AMD_MOE_FORCE": "1"} if key[1] else {}
+    proc = _audit(rel, "--json", "--load", env=env)
+    assert proc.stdout, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == doc["exit_status"]
+    return proc.returncode, doc
+
+
 def _load(rel: releases.Release, *, force: bool) -> tuple[int, dict]:
     """(exit status, JSON document) of ``audit --json --load`` in the release's
-    interpreter, with ``SGLANG_AMD_MOE_FORCE=1`` or without; one run per release and
-    setting, shared by the tests below (each imports SGLang: 10-40 s on a loaded 2-core
-    machine). Without a plugin loader FORCE changes nothing: one run serves both."""
+    interpreter, with ``SGLANG_AMD_MOE_FORCE=1`` or without. The first call runs every one
+    the tests need, two at a time (each imports SGLang: 10-40 s on a loaded 2-core
+    machine); each is run once and shared."""
     key = (rel.label, force and rel.has_plugin_loader)
     if key not in _LOADS:
-        env = {"SGLANG_AMD_MOE_FORCE": "1"} if key[1] else {}
-        proc = _audit(rel, "--json", "--load", env=env)
-        assert proc.stdout, proc.stderr[-3000:]
-        doc = json.loads(proc.stdout)
-        assert proc.returncode == doc["exit_status"]
-        _LOADS[key] = (proc.returncode, doc)
+        keys = [k for k in dict.fromkeys([*_load_keys(), key]) if k not in _LOADS]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            _LOADS.update(zip(keys, pool.map(_load_run, keys), strict=True))
     return _LOADS[key]
 
 
@@ -151,12 +178,15 @@ def test_audit_after_real_load_plugins(label: str) -> None:
     # Disabled on a broken form: needs attention, and the audit says why.
     if rel.has_plugin_loader and rel.expected_form != "fixed":
         off = _audit(rel, "--json", env={"SGLANG_AMD_MOE_DISABLE": "1"})
-        sg_off = _sglang(json.loads(off.stdout))
+        off_doc = json.loads(off.stdout)
+        sg_off = _sglang(off_doc)
         assert (
             off.returncode == 1
             and sg_off["hook"] == "off"
             and "SGLANG_AMD_MOE_DISABLE" in sg_off["reason"]
         )
+        # Exit 1 with what needs action listed (not an empty list beside it).
+        assert off_doc["attention"] == [f"sglang: {sg_off['reason']}"], off_doc["attention"]
 
 
 # One release without a plugin loader and one broken release with it: the verdict
@@ -203,6 +233,8 @@ def test_load_and_plain_audit_agree_off_rocm(label: str) -> None:
     if rel.has_plugin_loader and rel.expected_form != "fixed":
         assert lo["hook"] == "not ROCm" and lo["hook_state"] == "off" and lo["hook_live"] is False
         assert "load_plugins() called the plugin" in lo["reason"]
+        # The plugin's own line is shown, with its reason for this process.
+        assert lo["hook_message"].startswith("sglang-amd-moe: not ROCm"), lo["hook_message"]
         # What the plugin does on a ROCm machine, previewed here and run on the probe batch.
         probe = lo["probe"]
         assert probe["previewed"] and probe["plugin"] == "pending" and probe["right"], probe

@@ -1,5 +1,5 @@
-"""The audit's view of the plugin: which hosts can load it (SGLang, vLLM for aiter), what
-blocks them, and with ``--load`` the hooks' statuses and what the function does when run."""
+"""The audit's view of the plugin: which hosts can load it (SGLang; vLLM for aiter and the
+guard), what blocks them, and with ``--load`` the hooks' statuses and what runs."""
 
 from __future__ import annotations
 
@@ -9,30 +9,21 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics import patching, sources
 from sglang_amd_moe.diagnostics.audit import read
-from sglang_amd_moe.diagnostics.audit.read import (
-    AITER,
-    PATCH_FAILS_PROBE,
-    SGLANG,
-    AuditError,
-    TargetReport,
-    distribution,
-    find_package_dir,
-    text_or_none,
-)
+from sglang_amd_moe.diagnostics.audit.read import GUARD, SGLANG, AuditError, TargetReport
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import ledger, names
 from sglang_amd_moe.runtime.target import HookStatus
 
 OUR_SGLANG_EP = "sglang_amd_moe.runtime.plugin:register"
 OUR_VLLM_EP = "sglang_amd_moe.runtime.plugin:register_vllm"
-HOOK_MODULES = {
-    SGLANG: "sglang_amd_moe.runtime.sglang.hook",
-    AITER: "sglang_amd_moe.runtime.aiter.hook",
-}
+#: Where each target's hook lives (the count-free guard's: change it here if it moves;
+#: once loaded, a runtime ``HOOK`` named "guard" is found wherever it lives).
+HOOK_MODULES = {t: f"sglang_amd_moe.runtime.{m}" for t, m in (
+    (SGLANG, "sglang.hook"), (read.AITER, "aiter.hook"), (GUARD, "aiter.guard"))}  # fmt: skip
 
 
 @dataclass
@@ -46,51 +37,39 @@ class PluginView:
     vllm_installed: bool
     vllm_ep: md.EntryPoint | None
     loaded: bool = False  # --load ran load_plugins() in this process
-    #: Problems of the environment itself (each needs attention).
-    problems: list[str] = field(default_factory=list)
-
-
-def _entry_point(group: str, value: str) -> md.EntryPoint | None:
-    try:
-        eps = md.entry_points(group=group)
-    except Exception:
-        return None
-    return next((ep for ep in eps if ep.value.replace(" ", "") == value), None)
-
-
-def _triton_clash() -> str:  # both own the triton/ files: one overwrote the other
-    try:
-        rocm, cuda = md.version("pytorch-triton-rocm"), md.version("triton")
-    except Exception:  # PackageNotFoundError: not both (the usual case)
-        return ""
-    return (
-        f"both triton {cuda} and pytorch-triton-rocm {rocm} are installed: they own the same "
-        "triton/ files, so one overwrote the other. Uninstalling triton deletes those files too: "
-        "run `python -m pip uninstall -y triton` and then `python -m pip install "
-        f"--force-reinstall --no-deps pytorch-triton-rocm=={rocm}` from the PyTorch ROCm index "
-        "your torch came from"
-    )
+    problems: list[str] = field(default_factory=list)  # the environment's own
 
 
 def plugin_view() -> PluginView:
-    sglang_dir = find_package_dir("sglang")
-    init = text_or_none(sglang_dir / "srt" / "plugins" / "__init__.py") if sglang_dir else None
+    sglang = sources.package_dir("sglang")
+    init = sources.text_or_none(sglang / "srt/plugins/__init__.py") if sglang else None
+    eps = md.entry_points()
+    ours = {ep.value.replace(" ", ""): ep for ep in eps.select(group="sglang.srt.plugins")}
+    ours |= {ep.value.replace(" ", ""): ep for ep in eps.select(group="vllm.general_plugins")}
+    problems = []
+    try:  # both own the triton/ files: one overwrote the other
+        rocm, cuda = md.version("pytorch-triton-rocm"), md.version("triton")
+        problems.append(
+            f"both triton {cuda} and pytorch-triton-rocm {rocm} are installed: one overwrote "
+            "the other's triton/ files, and uninstalling triton deletes them: run `python -m pip "
+            "uninstall -y triton`, then `python -m pip install --force-reinstall --no-deps "
+            f"pytorch-triton-rocm=={rocm}` from the PyTorch ROCm index your torch came from"
+        )
+    except md.PackageNotFoundError:  # not both (the usual case)
+        pass
     return PluginView(
-        sglang_dir=sglang_dir,
-        aiter_dir=find_package_dir("aiter"),
-        # SGLang 0.5.11+ ships sglang/srt/plugins with load_plugins; 0.5.10 does not.
-        sglang_loader=init is not None and "def load_plugins" in init,
-        sglang_ep=_entry_point("sglang.srt.plugins", OUR_SGLANG_EP),
-        vllm_installed=find_package_dir("vllm") is not None,
-        vllm_ep=_entry_point("vllm.general_plugins", OUR_VLLM_EP),
-        problems=[p for p in (_triton_clash(),) if p],
+        sglang_dir=sglang,
+        aiter_dir=sources.package_dir("aiter"),
+        sglang_loader=init is not None and "def load_plugins" in init,  # 0.5.11 and later
+        sglang_ep=ours.get(OUR_SGLANG_EP),
+        vllm_installed=sources.package_dir("vllm") is not None,
+        vllm_ep=ours.get(OUR_VLLM_EP),
+        problems=problems,
     )
 
 
-@dataclass(frozen=True)
-class Route:
-    """One host that can load the plugin, and what blocks it (``cell``: the HOOK cell when
-    blocked, "" when the plugin loads through it)."""
+class Route(NamedTuple):
+    """A host that can load the plugin; ``cell`` (the HOOK cell) and ``why`` when blocked."""
 
     host: str
     cell: str = ""
@@ -98,85 +77,83 @@ class Route:
 
 
 def routes(target: str, view: PluginView) -> list[Route]:
-    sglang = view.sglang_dir is not None
-    out = [_route("SGLang", sglang, view.sglang_loader, view.sglang_ep, "SGLANG_PLUGINS")]
-    if target == AITER:  # vLLM loads general plugins in every release
-        out.append(_route("vLLM", view.vllm_installed, True, view.vllm_ep, "VLLM_PLUGINS"))
-    return out
+    """SGLang's loader, and vLLM's for aiter and the guard (every vLLM has one)."""
+    out = [("SGLang", view.sglang_dir is not None, view.sglang_loader, view.sglang_ep)]
+    out += [("vLLM", view.vllm_installed, True, view.vllm_ep)] if target != SGLANG else []
+    return [_route(target, *r) for r in out]
 
 
-def _route(host: str, installed: bool, loader: bool, ep: Any, list_var: str) -> Route:
+def _route(target: str, host: str, installed: bool, loader: bool, ep: Any) -> Route:
+    var = f"{host.upper()}_PLUGINS"
+    listed = {x.strip() for x in os.environ.get(var, "").split(",") if x.strip()}
     if not installed:
         return Route(host, "off", f"{host} is not installed here")
     if not loader:  # SGLang 0.5.10 and 0.5.10.post1
-        version = distribution("sglang")[1] or "here"
+        version = sources.distribution("sglang")[1] or "here"
         why = f"SGLang {version} has no plugin loader (sglang.srt.plugins): the plugin cannot load"
         return Route(host, "no loader", why + " here")
     if ep is None:
-        why = f"sglang-amd-moe's {host} entry point is not registered (is it installed here?)"
-        return Route(host, "off", why)
-    off = ""
+        return Route(host, "off", f"sglang-amd-moe's {host} entry point is not registered here")
     if env.disabled():
-        off = "SGLANG_AMD_MOE_DISABLE is set"
-    else:
-        allowed = os.environ.get(list_var, "")
-        listed = {x.strip() for x in allowed.split(",") if x.strip()}
-        if listed and ep.name not in listed:
-            off = f"{list_var}={allowed} does not list {ep.name}"
-    return Route(host, "off", f"plugin disabled: {off}") if off else Route(host)
+        return Route(host, "off", "plugin disabled: SGLANG_AMD_MOE_DISABLE is set")
+    if listed and ep.name not in listed:
+        why = f"plugin disabled: {var}={os.environ[var]} does not list {ep.name}"
+        return Route(host, "off", why)
+    if target == GUARD and env.guard_off():
+        return Route(host, "off", "the guard alone is off (SGLANG_AMD_MOE_GUARD=0)")
+    return Route(host)
 
 
 def run_load_plugins(view: PluginView) -> None:
-    """``--load``: SGLang's real ``load_plugins()``."""
-    if not view.sglang_loader:
-        return  # nothing to run; the SGLang route says why
-    try:
-        importlib.import_module("sglang.srt.plugins").load_plugins()
-    except Exception as exc:
-        raise AuditError(f"load_plugins() failed: {type(exc).__name__}: {exc}") from exc
-    view.loaded = True
+    """``--load``: SGLang's real ``load_plugins()`` (nothing to run without a loader)."""
+    if view.sglang_loader:
+        try:
+            importlib.import_module("sglang.srt.plugins").load_plugins()
+        except Exception as exc:
+            raise AuditError(f"load_plugins() failed: {type(exc).__name__}: {exc}") from exc
+        view.loaded = True
 
 
 def hook_module(target: str) -> Any:
-    return sys.modules.get(HOOK_MODULES[target])  # never imported here: only read
+    """What answers ``status()`` for ``target``, only if loaded: never imported here."""
+    if HOOK_MODULES[target] in sys.modules:
+        return sys.modules[HOOK_MODULES[target]]
+    hooks = [getattr(m, "HOOK", None) for k, m in list(sys.modules.items()) if "_moe.runtime." in k]
+    return next((h for h in hooks if getattr(h, "name", None) == target), None)
+
+
+def has_guard() -> bool:
+    """This sglang-amd-moe has the count-free guard (loaded, or its module installed)."""
+    return hook_module(GUARD) is not None or sources.package_dir(HOOK_MODULES[GUARD]) is not None
 
 
 def hook_status(target: str) -> HookStatus | None:
     """The hook's last decision in this process (None: none)."""
-    mod = hook_module(target)
-    if mod is None:
-        return None
     try:
-        st = mod.status()
+        st = getattr(hook_module(target), "status", lambda: None)()
     except Exception as exc:
-        why = f"{target} hook status() failed: {type(exc).__name__}: {exc}"
-        return HookStatus(target, "error", None, why)
+        st = f"failed: {exc!r}"
     if st is None or isinstance(st, HookStatus):
         return st
-    why = f"{target} hook status() returned {type(st).__name__}, not HookStatus"
-    return HookStatus(target, "error", None, why)
+    what = st if isinstance(st, str) else f"returned {type(st).__name__}, not HookStatus"
+    return HookStatus(target, "error", None, f"{target} hook status() {what}")
 
 
 def is_live(target: str) -> bool:
-    mod = hook_module(target)
     try:
-        return bool(mod.is_live()) if mod is not None else False
+        return bool(getattr(hook_module(target), "is_live", lambda: False)())
     except Exception:
         return False
 
 
 def platform_gate_closed() -> bool:
     """The plugin stays off here only because torch is not a ROCm build (and no FORCE)."""
-    return not env.forced() and read.torch_is_rocm() is not True
+    return not env.forced() and sources.torch_is_rocm() is not True
 
 
 def triton_blocks() -> str:
-    """Why the installed Triton keeps every hook off ("" when it does not); judged only
-    where the platform gate is open here (off ROCm, a ROCm machine brings its own)."""
+    """Why Triton keeps every hook off here ("" when not; a ROCm machine brings its own)."""
     return "" if platform_gate_closed() else env.triton_problem()
-
-
-# --- what running the function shows (--load, SGLang) ---------------------------------
 
 
 @dataclass(frozen=True)
@@ -195,17 +172,12 @@ class Seen:
         return self.decision is not None and self.decision.hooked
 
     def to_json(self) -> dict:
-        r = self.result
-        return {
-            "of": self.of,
-            "ran": bool(r is not None and r.ran),
-            "right": bool(r is not None and r.correct),
-            "behaviour": behaviour_shown(self.upstream),
-            "findings": list(r.findings) if r is not None else [],
-            "why": (r.why if r is not None and not r.ran else self.why),
-            "plugin": self.decision.state if self.decision is not None else None,
-            "previewed": self.previewed,
-        }
+        r, state = self.result, getattr(self.decision, "state", None)
+        ran, found = bool(r and r.ran), list(r.findings) if r else []
+        doc = {"of": self.of, "ran": ran, "right": bool(r and r.correct)}
+        doc |= {"behaviour": behaviour_shown(self.upstream), "findings": found}
+        doc |= {"why": r.why if r and not ran else self.why, "plugin": state}
+        return doc | {"previewed": self.previewed}
 
 
 def behaviour_shown(p: Any) -> str:
@@ -224,77 +196,52 @@ def import_topk() -> tuple[Any, str]:
 
 
 def observe_sglang(rep: TargetReport, view: PluginView) -> None:
-    """``--load``: run the function on the probe batch as what runs here (the hooked call
-    where the hook is live, upstream where nothing hooks it) or, where the hook is off
-    only because torch is not a ROCm build, as the plugin makes it on ROCm (a preview);
-    then run the form's patch before offering it (:func:`check_patch`)."""
+    """``--load``: run the function on the probe batch as what runs here, or as the plugin
+    makes it on ROCm where the hook is off only for the platform (a preview); then run
+    the form's patch before offering it (:func:`check_patch`)."""
     from sglang_amd_moe.runtime.sglang import hook
 
     st = rep.status
-    off_here = (
-        st is not None
-        and st.state == "off"
-        and platform_gate_closed()
-        and not env.disabled()
-        and not env.triton_problem()
-    )
-    first = None
-    if view.loaded and st is not None and (st.state == "pending" or off_here):
-        first = hook.preview()  # before topk is imported: what a server process decides
-    module, why = import_topk()
-    if module is None or not callable(getattr(module, names.FUNCTION_NAME, None)):
+    off_here = st is not None and st.state == "off" and platform_gate_closed()
+    off_here = off_here and not env.disabled() and not env.triton_problem()
+    first = hook.preview() if st is not None and (st.state == "pending" or off_here) else None
+    module, why = import_topk()  # after the preview: a server decides before importing it
+    decision = first.status if first is not None else st
+    if not callable(getattr(module, names.FUNCTION_NAME, None)):
         why = why or f"{names.TOPK_MODULE} has no callable {names.FUNCTION_NAME}"
-        decision = first.status if first is not None else st
         rep.seen = Seen("the function", None, None, decision, first is not None, why)
         rep.probe = rep.seen.to_json()
         return
     if st is not None and st.state == "pending" and hook.is_live():
         st = rep.status = hook_status(SGLANG)  # importing topk applied the pending hook
         rep.hook_state, rep.hook_live = (st.state if st else None), True
-    if first is not None and first.upstream is not None:
-        upstream = first.upstream
-    else:
-        upstream = None if env.disabled() else hook.preview().upstream
+    upstream = first.upstream if first is not None else None
+    if upstream is None and not env.disabled():
+        upstream = hook.preview().upstream
     if upstream is None and not hook.is_live():
         upstream = hook.observe()  # the plugin is disabled: upstream is what runs
     if st is not None and st.state == "live":
         seen = Seen("the hooked call", hook.observe(), upstream, st)
     elif first is not None and first.status.hooked:
-        of = "the hooked call (as the plugin makes it on a ROCm machine)"
-        if not off_here:
-            of = "the hooked call (as the plugin decided it; SGLang has not applied it yet)"
+        of = "on a ROCm machine" if off_here else "decided it; SGLang has not applied it yet"
+        of = f"the hooked call (as the plugin {'makes it ' * off_here}{of})"
         seen = Seen(of, first.hooked, upstream, first.status, True)
-    elif first is not None:
-        seen = Seen("upstream's function", upstream, upstream, first.status, True)
     else:
-        seen = Seen("upstream's function", upstream, upstream, st)
+        seen = Seen("upstream's function", upstream, upstream, decision, first is not None)
     rep.seen, rep.probe = seen, seen.to_json()
     if rep.patch and rep.patch_status == patching.APPLIES:
         check_patch(rep, module, upstream)
 
 
 def check_patch(rep: TargetReport, module: Any, upstream: Any) -> None:
-    """Run the function the form's patch makes on the probe batch: one that applies as
-    text but runs wrong is not offered; one the probe cannot run stays checked as text."""
+    """Run the function the form's patch makes: applying but running wrong, it is not offered."""
     from sglang_amd_moe.runtime.sglang import probe
 
-    assert rep.patch is not None  # noqa: S101 - checked by the caller
-    patched = patching.apply_text(rep.source, patching.read_patch(rep.patch))
-    reading = ledger.read(patched)
-    result = probe.probe_source(
-        module, patched, hip_flags=reading.hip_flags, predicates=reading.predicates
-    )
-    rep.patch_probe = {
-        "ran": result.ran,
-        "right": result.correct,
-        "findings": list(result.findings),
-        "why": result.why,
-    }
-    if result.correct:
-        return
-    if not result.ran and (upstream is None or not upstream.ran):
-        rep.notes.append(
-            f"{rep.patch} could not be run here ({result.why}): it is checked as text only"
-        )
-        return
-    rep.patch_status = PATCH_FAILS_PROBE
+    patched = patching.apply_text(rep.source, patching.read_patch(str(rep.patch)))
+    flags = ledger.read(patched)
+    r = probe.probe_source(module, patched, hip_flags=flags.hip_flags, predicates=flags.predicates)
+    rep.patch_probe = {"ran": r.ran, "right": r.correct, "findings": list(r.findings), "why": r.why}
+    if not r.correct and not r.ran and (upstream is None or not upstream.ran):
+        rep.notes.append(f"{rep.patch} could not be run here ({r.why}): it is checked as text only")
+    elif not r.correct:
+        rep.patch_status = read.PATCH_FAILS_PROBE

@@ -2,98 +2,99 @@
 
 from __future__ import annotations
 
-import ast
-import difflib
 import json
 from typing import Any
 
-from sglang_amd_moe.diagnostics import patching
-from sglang_amd_moe.diagnostics.audit import read
+from sglang_amd_moe.diagnostics import patching, sources
+from sglang_amd_moe.diagnostics.audit import coverage, plugins, read
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView
-from sglang_amd_moe.diagnostics.audit.read import (
-    AITER,
-    BROKEN_FORMS,
-    GOOD_FORMS,
-    SGLANG,
-    TargetReport,
-)
+from sglang_amd_moe.diagnostics.audit.read import TargetReport
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import names
 
-_DIFF_FUNCS = {SGLANG: (names.FUNCTION_NAME,), AITER: ("_adaptive_moe_sort", "_moe_sorting_impl")}
-
-
-def _functions_source(source: str, funcs: tuple[str, ...]) -> str:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return ""
-    parts = [
-        ast.get_source_segment(source, n) or ""
-        for n in tree.body
-        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name in funcs
-    ]
-    return "\n\n".join(parts) + ("\n" if parts else "")
+_DIFF_FUNCS = {
+    read.SGLANG: (names.FUNCTION_NAME,),
+    read.AITER: ("_adaptive_moe_sort", "_moe_sorting_impl"),
+}
 
 
 def function_diff(rep: TargetReport) -> str:
-    """Unified diff of the installed target function(s) against their fixed form (an
-    unknown SGLang body: against the nearest body the ledger knows)."""
+    """Unified diff of the target function(s) against their fixed form (an unknown SGLang
+    body: against the nearest body the ledger knows)."""
+    if rep.target not in _DIFF_FUNCS:
+        return ""
+    funcs, say = _DIFF_FUNCS[rep.target], f"# {rep.target}: {', '.join(_DIFF_FUNCS[rep.target])} is"
     if not rep.installed or not rep.source:
         return f"# {rep.target}: not installed\n"
-    funcs = _DIFF_FUNCS[rep.target]
     if rep.patch_status == patching.ALREADY_APPLIED:
-        return f"# {rep.target}: {', '.join(funcs)} is already patched ({rep.patch})\n"
-    if (rep.target, rep.form) in GOOD_FORMS:
-        return f"# {rep.target}: {', '.join(funcs)} is already in its fixed form ({rep.form})\n"
+        return f"{say} already patched ({rep.patch})\n"
+    if (rep.target, rep.form) in read.GOOD_FORMS:
+        return f"{say} already in its fixed form ({rep.form})\n"
     if rep.nearest is not None:
         return rep.nearest["diff"] or f"# {rep.target}: the same as {rep.nearest['body']}\n"
-    if rep.patch is None:
-        return f"# {rep.target}: no patch for form {rep.form!r}; nothing to diff against\n"
-    if rep.patch_status != patching.APPLIES:
-        return f"# {rep.target}: {rep.patch} {rep.patch_status}; no diff\n"
-    fixed = patching.apply_text(rep.source, patching.read_patch(rep.patch))
-    before = _functions_source(rep.source, funcs).splitlines(keepends=True)
-    after = _functions_source(fixed, funcs).splitlines(keepends=True)
-    return "".join(
-        difflib.unified_diff(
-            before,
-            after,
-            fromfile=f"installed: {rep.file} ({', '.join(funcs)})",
-            tofile=f"fixed: after {rep.patch}",
-        )
-    )
+    if rep.patch is None or rep.patch_status != patching.APPLIES:
+        why = f"{rep.patch} {rep.patch_status}" if rep.patch else f"no patch for form {rep.form!r}"
+        return f"# {rep.target}: {why}; no diff\n"
+    return patching.functions_diff(rep.source, rep.patch, funcs, str(rep.file))
 
 
 def platform_notes(reports: list[TargetReport], view: PluginView | None) -> list[str]:
-    """Notes on this machine, printed under the details (empty for ``--*-source``)."""
-    if view is None or not any(r.installed and r.form in BROKEN_FORMS for r in reports):
+    """Notes on this machine, printed under the details (none for ``--*-source``)."""
+    if view is None or not any(r.installed and r.form in read.BROKEN_FORMS for r in reports):
         return []
-    rocm = read.torch_is_rocm()
-    if rocm is None:
+    if (rocm := sources.torch_is_rocm()) is None:
         return ["torch is not installed in this interpreter: the plugin cannot run here"]
-    if rocm or env.forced():
-        return []
-    return [
-        "torch here is not a ROCm build: the plugin stays off on this machine "
-        "(SGLANG_AMD_MOE_FORCE=1 forces it); the verdict is for a ROCm machine with this software"
-    ]
+    why = "(SGLANG_AMD_MOE_FORCE=1 forces it); the verdict is for a ROCm machine with this software"
+    return (
+        []
+        if rocm or env.forced()
+        else [f"torch here is not a ROCm build: the plugin stays off on this machine {why}"]
+    )
 
 
-def _installed_cell(r: TargetReport, view: PluginView | None) -> str:
+def attention(reports: list[TargetReport], view: PluginView | None) -> list[str]:
+    """Everything that needs action, one line each (empty exactly when the exit is 0)."""
+    problems = [f"environment: {p}" for p in (view.problems if view is not None else [])]
+    return [f"{r.target}: {r.reason}" for r in reports if r.needs_attention] + problems
+
+
+def _details(r: TargetReport, view: PluginView | None) -> list[str]:
+    pad = " " * (len(r.target) + 2)
+    lines = [f"{r.target}  {'!!' if r.needs_attention else 'ok'} {r.reason}"]
     if not r.installed:
-        return "not installed"
-    if view is None:
-        return "(source file)"
-    name = r.distribution or r.target
-    return f"{name} {r.version}" if r.version else f"{name} (no metadata)"
+        return lines
+    on_rocm = view is not None and plugins.platform_gate_closed() and r.action[:4] != "none"
+    lines.append(f"{pad}plugin action{' on a ROCm machine' if on_rocm else ''}: {r.action}")
+    if r.guard:
+        live = "live here" if r.guard["live"] else r.guard["state"]
+        lines.append(f"{pad}guard at its MoE entry: {live} ({r.guard['why']})")
+    if r.hook_message:
+        lines.append(f"{pad}plugin here: {r.hook_message.removeprefix('sglang-amd-moe: ')}")
+    lines.append(f"{pad}file: {r.file}")
+    if r.target in read.FINGERPRINT_OF:
+        of = read.FINGERPRINT_OF[r.target]
+        lines.append(f"{pad}fingerprint: {r.sha256 or '-'} (sha256 of {of}, not of the file)")
+    if r.patch_file:
+        lines.append(f"{pad}patch: {r.patch_file} ({r.patch_status})")
+    if r.apply_command:  # two lines, still one shell command when pasted
+        args = patching.apply_args(str(r.file), str(r.patch))
+        lines.append(f"{pad}to patch the file instead:\n{pad}  patch --dry-run {args} &&")
+        lines.append(f"{pad}  patch {args}")
+    lines.extend(f"{pad}note: {n}" for n in r.notes)
+    if r.nearest is not None and r.nearest["diff"]:
+        lines.append(f"{pad}diff against the nearest known body ({r.nearest['body']}):")
+        lines.extend(f"{pad}  {d}" for d in r.nearest["diff"].rstrip("\n").splitlines())
+    return lines + (coverage.lines(r.coverage, pad) if r.coverage else [])
 
 
 def render_table(reports: list[TargetReport], exit_status: int, view: PluginView | None) -> str:
     rows = [("TARGET", "INSTALLED", "FORM", "HOOK", "PATCH", "PATCH STATUS")]
     for r in reports:
         form = r.form if r.installed else "-"
-        cells = (r.target, _installed_cell(r, view), form, r.hook, r.patch, r.patch_status)
+        dist = f"{r.distribution or r.target} {r.version or '(no metadata)'}"
+        where = dist if view is not None else "(source file)"
+        cells = (r.target, where if r.installed else "not installed", form, r.hook, r.patch)
+        cells += (r.patch_status,)
         rows.append(tuple(c or "-" for c in cells))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
@@ -101,30 +102,17 @@ def render_table(reports: list[TargetReport], exit_status: int, view: PluginView
     ]
     lines.append("")
     for r in reports:
-        if not r.installed and not r.needs_attention:
-            continue
-        pad = " " * (len(r.target) + 2)
-        lines.append(f"{r.target}  {'!!' if r.needs_attention else 'ok'} {r.reason}")
-        if not r.installed:
-            continue
-        lines.append(f"{pad}plugin action: {r.action}")
-        if r.guard:
-            live = "live here" if r.guard["live"] else r.guard["state"]
-            lines.append(f"{pad}guard at its MoE entry: {live} ({r.guard['why']})")
-        lines.append(f"{pad}file: {r.file}")
-        lines.append(f"{pad}sha256: {r.sha256 or '-'}")
-        if r.patch_file:
-            lines.append(f"{pad}patch: {r.patch_file} ({r.patch_status})")
-        if r.apply_command:  # two lines, still one shell command when pasted
-            dry_run, apply = r.apply_command.split(" && ")
-            lines += [f"{pad}to patch the file instead:", f"{pad}  {dry_run} &&", f"{pad}  {apply}"]
-        lines.extend(f"{pad}note: {n}" for n in r.notes)
-        if r.nearest is not None and r.nearest["diff"]:
-            lines.append(f"{pad}diff against the nearest known body ({r.nearest['body']}):")
-            lines.extend(f"{pad}  {d}" for d in r.nearest["diff"].rstrip("\n").splitlines())
+        if r.installed or r.needs_attention:
+            lines += _details(r, view)
     problems = view.problems if view is not None else []
     lines.extend(f"!! environment: {p}" for p in problems)
     lines.extend(f"note: {n}" for n in platform_notes(reports, view))
+    cov = next((r.coverage for r in reports if r.coverage), None)
+    if cov and cov["unprotected"]:
+        lines.append(
+            f"coverage: nothing masks the padded rows of {'; '.join(cov['unprotected'])} "
+            f"(no count reaches the hook there; the count-free guard: {cov['guard']})"
+        )
     n = sum(r.needs_attention for r in reports)
     if exit_status == 0:
         lines.append("OK: nothing needs action (exit 0)")
@@ -132,7 +120,7 @@ def render_table(reports: list[TargetReport], exit_status: int, view: PluginView
         lines.append(f"ATTENTION: {n} target(s) need action (exit 1)")
     else:
         what = f"{n} target(s) and " if n else ""
-        lines.append(f"ATTENTION: {what}the environment need action (exit 1)")
+        lines.append(f"ATTENTION: {what}the environment need{'' if n else 's'} action (exit 1)")
     return "\n".join(lines) + "\n"
 
 
@@ -143,8 +131,15 @@ def render_json(
         "exit_status": exit_status,
         "targets": [r.to_json() for r in reports],
         "problems": view.problems if view is not None else [],
+        "attention": attention(reports, view),
         "notes": platform_notes(reports, view),
     }
     if diff:
-        doc["diff"] = {r.target: function_diff(r) for r in reports}
+        doc["diff"] = {r.target: d for r in reports if (d := function_diff(r))}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def error_json(message: str) -> str:
+    """The one JSON document of a run that failed (exit status 2)."""
+    doc = dict(exit_status=2, error=message, targets=[], problems=[], attention=[message], notes=[])
     return json.dumps(doc, indent=2) + "\n"

@@ -1,15 +1,7 @@
-"""Emulations of the two pieces of AMD device code the check cannot run here.
-
-Each says exactly what it emulates and what it assumes, and each is used only where the
-real code cannot be:
-
-* :func:`hip_router_for`: the routing SGLang gets on AMD for a row whose router scores
-  are NaN (a padded CUDA-graph row holding garbage activations). Real rows are routed by
-  SGLang's own ``biased_grouped_topk_impl`` (the DeepSeek grouped router).
-* :func:`legacy_hip_sort`: what aiter's pre-fix MXFP4 sort kernel does with expert ids
-  outside ``[0, NE)``. In-range ids are sorted by this package's
-  :func:`sglang_amd_moe.kernels.mxfp4_moe_sort` instead (:mod:`.consumer` decides).
-"""
+"""The two pieces of AMD device code the check cannot run here, each used only where the
+real code cannot be, each saying what it emulates and assumes: :func:`hip_router_for`
+(the routing of a row whose scores are NaN; real rows go through SGLang's own router) and
+:func:`legacy_hip_sort` (aiter's pre-fix MXFP4 sort on ids outside ``[0, NE)``)."""
 
 from __future__ import annotations
 
@@ -25,8 +17,7 @@ if TYPE_CHECKING:  # only for the annotation: consumer imports this module
 
 
 def stale_lds_words(rows: int, cols: int, seed: int, device: torch.device) -> torch.Tensor:
-    """What the check puts where device code would read uninitialized shared memory:
-    int32 words from a fixed seed (so every run, and the tests, see the same garbage)."""
+    """Uninitialized shared memory, as the check fills it: int32 words from a fixed seed."""
     g = torch.Generator().manual_seed(seed)
     words = torch.randint(-(2**31), 2**31, (rows, cols), generator=g, dtype=torch.int64)
     return words.to(torch.int32).to(device)
@@ -35,22 +26,15 @@ def stale_lds_words(rows: int, cols: int, seed: int, device: torch.device) -> to
 def hip_router_for(
     topk_module: Any, cfg: TinyMoEConfig, bias: torch.Tensor, seed: int
 ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """A ``custom_routing_function`` for SGLang's ``TopKConfig``: DeepSeek grouped routing
-    as SGLang runs it on AMD, including what the HIP router does with a NaN row.
+    """A ``custom_routing_function``: DeepSeek grouped routing as SGLang runs it on AMD.
 
-    Rows with a finite score are routed by SGLang's own ``biased_grouped_topk_impl`` (the
-    module's function, so the release under test decides the math; every release from
-    0.5.10 to 0.5.23 has it).
-
-    Rows whose scores are all NaN (garbage activations in padded rows) get what aiter's
+    Rows with a finite score go through the module's own ``biased_grouped_topk_impl``
+    (every release 0.5.10 - 0.5.23 has it). Rows whose scores are all NaN get what aiter's
     HIP ``biased_grouped_topk_kernel`` (``csrc/kernels/topk_softmax_kernels_group.cu``)
-    gives them: it selects with ``if (score > max_val)`` starting from ``-INFINITY`` and
-    stores a choice only ``if (max_idx != -1)``. NaN never compares greater, so nothing
-    is stored and the row's ``topk_ids``/``topk_weights`` are copied from the kernel's
-    uninitialized LDS arrays. The check fills those with :func:`stale_lds_words` (a
-    fixed seed; on the device it is whatever the last user of that LDS left there), the
-    ids as int32 and the weights as the same kind of words read as float32.
-    """
+    gives them: it selects with ``if (score > max_val)`` from ``-INFINITY`` and stores a
+    choice only ``if (max_idx != -1)``; NaN never compares greater, so the row's ids and
+    weights are copied from uninitialized LDS, here :func:`stale_lds_words` (ids as int32,
+    weights as the same kind of words read as float32)."""
     impl = getattr(topk_module, "biased_grouped_topk_impl", None)
     if impl is None:
         raise RuntimeError(
@@ -58,7 +42,7 @@ def hip_router_for(
             "the check routes with SGLang's own grouped router and cannot run on this release"
         )
     impl = getattr(impl, "_torchdynamo_orig_callable", impl)
-    calls = {"n": 0}
+    calls: list[int] = []  # how many NaN batches it has routed
 
     def route(
         hidden_states: torch.Tensor,
@@ -67,25 +51,15 @@ def hip_router_for(
         renormalize: bool,
         **_: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        w, ids = impl(
-            hidden_states,
-            gating_output,
-            bias,
-            topk,
-            renormalize,
-            cfg.n_group,
-            cfg.topk_group,
-        )
+        args = (hidden_states, gating_output, bias, topk, renormalize, cfg.n_group, cfg.topk_group)
+        w, ids = impl(*args)
         w, ids = w.float().contiguous(), ids.to(torch.int32).contiguous()
         nan_rows = torch.isnan(gating_output.float()).all(dim=-1)
         if bool(nan_rows.any()):
-            k = ids.shape[1]
-            rows = int(nan_rows.sum())
-            calls["n"] += 1
-            stale_ids = stale_lds_words(rows, k, seed * 1000 + calls["n"], ids.device)
-            stale_w = stale_lds_words(rows, k, seed * 1000 + 500 + calls["n"], ids.device)
-            ids[nan_rows] = stale_ids
-            w[nan_rows] = stale_w.view(torch.float32)
+            calls.append(1)
+            shape, at = (int(nan_rows.sum()), ids.shape[1]), seed * 1000 + len(calls)
+            ids[nan_rows] = stale_lds_words(*shape, at, ids.device)
+            w[nan_rows] = stale_lds_words(*shape, at + 500, ids.device).view(torch.float32)
         return w, ids
 
     return route
@@ -101,28 +75,20 @@ def legacy_hip_sort(
     mb: int,
     threads_per_cta: int = 256,
 ) -> int:
-    """Emulate aiter's MXFP4 sort as it was before it learned to drop bad ids.
+    """aiter's MXFP4 sort before it learned to drop bad ids; returns the global stores dropped.
 
-    What is emulated: ``sort_subkernel`` of ``csrc/kernels/mxfp4_moe/moe_aux/
-    moe_sort_quant.cuh`` before aiter added ``is_valid_expert`` (e.g. aiter commit
-    f1a213f). It indexes three LDS tables with the raw expert id, with no bounds check:
-    ``atomicAdd(&count[eid], 1)``, then ``pos = atomicAdd(&counter[eid], 1)`` and
-    ``sp = cumsum[eid] + pos``, and stores the pair at ``sp``; ``fill_padding_gaps`` then
-    pads each expert's range from ``count[e]`` up to ``cumsum[e + 1]``.
+    Emulated: ``sort_subkernel`` of ``csrc/kernels/mxfp4_moe/moe_aux/moe_sort_quant.cuh``
+    before ``is_valid_expert`` (e.g. aiter commit f1a213f): three LDS tables indexed with
+    the raw id, unchecked (``atomicAdd(&count[eid], 1)``, ``pos = atomicAdd(&counter[eid],
+    1)``, the pair stored at ``cumsum[eid] + pos``), then ``fill_padding_gaps`` pads each
+    expert's range from ``count[e]`` up to ``cumsum[e + 1]``.
 
-    What is assumed, because the device behaviour is undefined: the three tables lie in
-    one LDS array in declaration order (``count[max(NE, 256)]``, ``cumsum[NE + 1]``,
-    ``counter[NE]``); an access outside that array reads 0 and drops the write (AMD LDS
-    bounds behaviour); ``count[NE:]`` (never zeroed by the kernel) reads 0; atomics land
-    in ascending pair order; a global store outside its buffer is dropped (and counted).
-
-    For ids in ``[0, NE)`` the result equals aiter's output contract (as
-    :func:`sglang_amd_moe.kernels.mxfp4_moe_sort` documents it) with pairs in ascending
-    order within an expert, i.e. what this package's reference writes (the tests check
-    that). Returns the number of dropped global stores.
-    """
-    ids = topk_ids[:m].reshape(-1).tolist()
-    weights = topk_weight[:m].reshape(-1).tolist()
+    Assumed, the device behaviour being undefined: the tables lie in one LDS array in
+    declaration order (``count[max(NE, 256)]``, ``cumsum[NE + 1]``, ``counter[NE]``); an
+    access outside it reads 0 and drops the write; ``count[NE:]`` reads 0; atomics land in
+    ascending pair order; a global store outside its buffer is dropped. For ids in
+    ``[0, NE)`` it writes what this package's reference writes (the tests check it)."""
+    ids, weights = topk_ids[:m].reshape(-1).tolist(), topk_weight[:m].reshape(-1).tolist()
     n_count = max(ne, threads_per_cta)
     base_count, base_cumsum, base_counter = 0, n_count, n_count + ne + 1
     lds = [0] * (base_counter + ne)
@@ -146,10 +112,8 @@ def legacy_hip_sort(
         lds[base_cumsum + e + 1] = running
         lds[base_counter + e] = 0
     # place_tokens
-    st, mi, sw = [], [], []  # (index, value) stores, applied below
-    rev = []
-    dropped = 0
-    n_slots = bufs.sorted_token_ids.numel()
+    st, mi, sw, rev, sei = [], [], [], [], []  # (index, value) stores, applied below
+    dropped, n_slots = 0, bufs.sorted_token_ids.numel()
     for i, eid in enumerate(ids):
         pos = atomic_add(base_counter + eid, 1)
         sp = load(base_cumsum + eid) + pos
@@ -162,7 +126,6 @@ def legacy_hip_sort(
             dropped += 3
         rev.append(sp)
     # fill_padding_gaps (runs after place_tokens: it overwrites what lies in a gap)
-    sei = []
     for e in range(ne):
         cnt, start, end = lds[base_count + e], lds[base_cumsum + e], lds[base_cumsum + e + 1]
         for j in range(start + cnt, end):
@@ -190,12 +153,7 @@ def legacy_hip_sort(
     store(bufs.m_indices, mi)
     store(bufs.sorted_weights, sw)
     store(bufs.sorted_expert_ids, sei)
-    bufs.reverse_sorted[: m * k] = (
-        torch.tensor(rev, dtype=torch.int64)
-        .clamp(-(2**31), 2**31 - 1)
-        .to(torch.int32)
-        .to(bufs.reverse_sorted.device)
-    )
-    bufs.cumsum[0] = lds[base_cumsum + ne]
-    bufs.cumsum[1] = m
+    rev32 = torch.tensor(rev, dtype=torch.int64).clamp(-(2**31), 2**31 - 1).to(torch.int32)
+    bufs.reverse_sorted[: m * k] = rev32.to(bufs.reverse_sorted.device)
+    bufs.cumsum[0], bufs.cumsum[1] = lds[base_cumsum + ne], m
     return dropped

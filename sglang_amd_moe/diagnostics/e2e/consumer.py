@@ -1,15 +1,10 @@
-"""The check's MoE consumer: aiter's data flow (sort -> per-block expert MLP -> reduce).
-
-The consumer is what turns a bad expert id into damage in real rows, so it follows
-aiter's fused MXFP4 MoE where that matters: the sort's buffers are sized as aiter's
-``_adaptive_moe_sort`` sizes them, stage 1 works on blocks of sorted slots, stage 2
-reads each token's slots through ``reverse_sorted``. It is called as SGLang calls
-aiter's ``fused_moe`` (no ``num_local_tokens``) unless a test passes one.
-"""
+"""The check's MoE consumer, with aiter's data flow (sort -> per-block expert MLP ->
+reduce), which is what turns a bad expert id into damage in real rows: buffers sized as
+aiter's ``_adaptive_moe_sort`` sizes them, stage 1 on blocks of sorted slots, stage 2
+through ``reverse_sorted``. Called as SGLang calls aiter (no ``num_local_tokens``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -35,15 +30,10 @@ class SortBuffers:
     def allocate(cls, m: int, k: int, ne: int, mb: int, device: torch.device) -> SortBuffers:
         """Zero-filled (aiter uses ``torch.empty``; slots nobody writes read as 0 here)."""
         n = max_sorted_size(m, k, ne, mb)
-        i32 = {"dtype": torch.int32, "device": device}
-        return cls(
-            torch.zeros(n, **i32),
-            torch.zeros(n // mb, **i32),
-            torch.zeros(2, **i32),
-            torch.zeros(n, dtype=torch.float32, device=device),
-            torch.zeros(m * k, **i32),
-            torch.zeros(n, **i32),
-        )
+        out = [
+            torch.zeros(s, dtype=torch.int32, device=device) for s in (n, n // mb, 2, n, m * k, n)
+        ]
+        return cls(*out[:3], out[3].float(), *out[4:])
 
 
 @dataclass
@@ -63,46 +53,28 @@ class ConsumerStats:
             self.sorts[k] = self.sorts.get(k, 0) + v
 
 
-def _package_sort(device: torch.device) -> tuple[Callable[..., None], str]:
-    """This package's sort and how it runs on ``device``: the Triton kernel on a GPU or
-    under ``TRITON_INTERPRET=1`` (exact, slow on the CPU), else its torch reference
-    (the kernel's own CPU fallback)."""
-    name = f"sglang_amd_moe.kernels.mxfp4_moe_sort ({triton_backend(device)})"
-    return kernels.mxfp4_moe_sort, name
-
-
 class AiterLikeMoE:
-    """An MoE consumer with aiter's data flow: sort -> per-block expert MLP -> reduce.
+    """An MoE consumer with aiter's data flow.
 
-    * Sort: aiter's MXFP4 aux-sort contract (documented by
-      :func:`sglang_amd_moe.kernels.mxfp4_moe_sort`), ``MB = 16``, ``NE`` and ``TOPK``
-      counting the fused shared expert. It is this package's ``mxfp4_moe_sort`` (count
-      honored when one is passed) whenever every id it reads is in ``[0, NE)``. Like the
-      HIP kernels, the consumer cannot take other ids: it counts them and, instead of
-      handing them to this package's sort (which would drop them, hiding the damage),
-      runs :func:`~.amd_emulation.legacy_hip_sort`, the emulation of what aiter's HIP
-      sort did with them.
+    * Sort: aiter's MXFP4 aux-sort contract (:func:`sglang_amd_moe.kernels.mxfp4_moe_sort`),
+      ``MB = 16``, ``NE`` and ``TOPK`` counting the fused shared expert: this package's
+      sort where every id it reads is in ``[0, NE)``. Like the HIP kernels it cannot take
+      other ids: it counts them and runs :func:`~.amd_emulation.legacy_hip_sort` (this
+      package's sort would drop them, hiding the damage).
     * Stage 1: for each block of ``MB`` sorted slots below ``cumsum[0]``, the block's
-      expert (``sorted_expert_ids``) runs ``silu(x W1) * (x W3) W2`` on the rows
-      ``m_indices`` names; a row ``>= M`` loads nothing (reads 0), as the hardware drops
-      loads past the activations.
-    * Stage 2: token ``t`` sums ``sorted_weights[sp] * y[sp]`` over its slots in slot
-      order, ``sp = reverse_sorted[t * TOPK + s]``; -1 is skipped; an ``sp`` outside the
-      computed slots reads 0 and is counted.
+      expert runs ``silu(x W1) * (x W3) W2`` on the rows ``m_indices`` names; a row
+      ``>= M`` reads 0, as the hardware drops loads past the activations.
+    * Stage 2: token ``t`` sums ``sorted_weights[sp] * y[sp]`` over its slots in order,
+      ``sp = reverse_sorted[t * TOPK + s]``; -1 is skipped, an ``sp`` outside the computed
+      slots reads 0 and is counted.
     """
 
     def __init__(self, cfg: TinyMoEConfig, model: TinyMoE) -> None:
-        self.cfg = cfg
-        self.model = model
-        self.sort_fn, self.sort_name = _package_sort(model.device)
-        # The sort's size arguments that the model fixes (NE counts the fused shared
-        # expert); M_logical and TOPK come from each call's routing.
-        self.sort_sizes = {
-            "NE": cfg.num_experts,
-            "D_HIDDEN": cfg.hidden,
-            "D_INTER": cfg.moe_inter,
-            "MB": cfg.block_size,
-        }
+        self.cfg, self.model, self.sort_fn = cfg, model, kernels.mxfp4_moe_sort
+        self.sort_name = f"sglang_amd_moe.kernels.mxfp4_moe_sort ({triton_backend(model.device)})"
+        # The sizes the model fixes; M_logical and TOPK come from each call's routing.
+        sizes = (cfg.num_experts, cfg.hidden, cfg.moe_inter, cfg.block_size)
+        self.sort_sizes = dict(zip(("NE", "D_HIDDEN", "D_INTER", "MB"), sizes, strict=True))
 
     def __call__(
         self,
@@ -112,9 +84,7 @@ class AiterLikeMoE:
         topk_weights: torch.Tensor,
         num_local_tokens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ConsumerStats]:
-        cfg = self.cfg
-        m, k = topk_ids.shape
-        ne, mb = cfg.num_experts, cfg.block_size
+        (m, k), ne, mb = topk_ids.shape, self.cfg.num_experts, self.cfg.block_size
         stats = ConsumerStats()
         read = topk_ids[: real_rows(num_local_tokens, m)]
         stats.out_of_range_ids = int(((read < 0) | (read >= ne)).sum())
@@ -123,33 +93,20 @@ class AiterLikeMoE:
             stats.oob_stores = legacy_hip_sort(topk_ids, topk_weights, bufs, m, ne, k, mb)
             stats.sorts["legacy HIP sort (emulated)"] = 1
         else:
-            self.sort_fn(
-                topk_ids=topk_ids,
-                topk_weight=topk_weights,
-                sorted_token_ids=bufs.sorted_token_ids,
-                sorted_expert_ids=bufs.sorted_expert_ids,
-                cumsum_tensor=bufs.cumsum,
-                reverse_sorted=bufs.reverse_sorted,
-                sorted_weights=bufs.sorted_weights,
-                m_indices=bufs.m_indices,
-                bf16_zero_out=torch.empty(0, 0, dtype=torch.bfloat16, device=x.device),
-                bf16_zero_workspace=torch.empty(0, dtype=torch.uint8, device=x.device),
-                M_logical=m,
-                TOPK=k,
-                **self.sort_sizes,
-                prologue=0,
-                num_local_tokens=num_local_tokens,
-            )
+            outs = "sorted_token_ids sorted_expert_ids reverse_sorted sorted_weights m_indices"
+            kw = {n: getattr(bufs, n) for n in outs.split()} | {"cumsum_tensor": bufs.cumsum}
+            kw["bf16_zero_out"] = torch.empty(0, 0, dtype=torch.bfloat16, device=x.device)
+            kw["bf16_zero_workspace"] = torch.empty(0, dtype=torch.uint8, device=x.device)
+            kw |= {"M_logical": m, "TOPK": k, "prologue": 0, "num_local_tokens": num_local_tokens}
+            self.sort_fn(topk_ids=topk_ids, topk_weight=topk_weights, **kw, **self.sort_sizes)
             stats.sorts[self.sort_name] = 1
         y = self._stage1(layer, x, bufs)
         out, stats.oob_reads = self._stage2(bufs, y, m, k)
         return out, stats
 
     def _stage1(self, layer: int, x: torch.Tensor, bufs: SortBuffers) -> torch.Tensor:
-        cfg = self.cfg
+        cfg, m, n_slots = self.cfg, x.shape[0], bufs.sorted_token_ids.numel()
         mb, i = cfg.block_size, cfg.moe_inter
-        m = x.shape[0]
-        n_slots = bufs.sorted_token_ids.numel()
         y = torch.zeros(n_slots, cfg.hidden, dtype=x.dtype, device=x.device)
         total = min(max(int(bufs.cumsum[0]), 0), n_slots)
         nb = total // mb

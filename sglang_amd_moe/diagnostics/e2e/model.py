@@ -1,12 +1,6 @@
-"""The check's model: a small DeepSeek-style MoE, built in memory from a fixed seed.
-
-Why this exists: the users' symptom was end to end (GSM8K 0.94 -> 0.1 on AMD), so the
-check runs the whole path on a model small enough for a CPU: hidden states -> router ->
-SGLang's real ``select_experts`` / ``_post_process_topk_ids`` -> an MoE consumer shaped
-like aiter's (:mod:`.consumer`) -> the next layer. Nothing is downloaded. Routing and
-the MoE are plugged in by the caller (:mod:`.run`), so this module only holds weights
-and the layer loop.
-"""
+"""The check's model: a small DeepSeek-style MoE built in memory from a fixed seed, so the
+whole path the users' symptom came from (GSM8K 0.94 -> 0.1 on AMD) runs on a CPU. Routing
+and the MoE are plugged in by the caller (:mod:`.run`): this holds weights and the loop."""
 
 from __future__ import annotations
 
@@ -45,17 +39,13 @@ class TinyMoEConfig:
 
 
 class TinyMoE:
-    """The model's weights (fp32) and its layer loop; routing and MoE are plugged in.
-
-    A layer is ``h = h + MoE(h)`` with the router reading ``h`` directly (no norm in
-    front of it, so garbage in padded rows reaches the router and the experts as it is).
-    The shared expert is fused as expert id ``routed_experts`` with weight 1, the way
-    SGLang appends it for aiter (``fused_append_shared_experts``).
-    """
+    """The model's weights (fp32) and its layer loop. A layer is ``h = h + MoE(h)``, the
+    router reading ``h`` with no norm in front (garbage in padded rows reaches it as it is);
+    the shared expert is fused as id ``routed_experts`` with weight 1, as SGLang appends
+    it for aiter (``fused_append_shared_experts``)."""
 
     def __init__(self, cfg: TinyMoEConfig, device: str | torch.device = "cpu") -> None:
-        self.cfg = cfg
-        self.device = torch.device(device)
+        self.cfg, self.device = cfg, torch.device(device)
         g = torch.Generator().manual_seed(cfg.seed)
         h, i, e = cfg.hidden, cfg.moe_inter, cfg.num_experts
 
@@ -77,34 +67,24 @@ class TinyMoE:
         route: Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
         moe: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        """Run all layers. ``route(layer, h, logits) -> (weights, ids)`` of the routed
-        experts; ``moe(layer, h, ids, weights) -> delta`` with the shared slot appended."""
-        cfg = self.cfg
-        h = hidden
+        """All layers: ``route(layer, h, logits) -> (weights, ids)`` of the routed experts,
+        ``moe(layer, h, ids, weights) -> delta`` with the shared slot appended."""
+        cfg, h = self.cfg, hidden
         for layer in range(cfg.layers):
-            logits = rows_matmul(h, self.gate[layer].t(), cfg.block_size)
-            weights, ids = route(layer, h, logits)
-            m = h.shape[0]
-            shared_ids = torch.arange(
-                cfg.routed_experts, cfg.num_experts, dtype=ids.dtype, device=ids.device
-            ).expand(m, cfg.shared_experts)
-            shared_w = torch.ones(m, cfg.shared_experts, dtype=weights.dtype, device=weights.device)
-            ids = torch.cat([ids, shared_ids], dim=1).contiguous()
-            weights = torch.cat([weights, shared_w], dim=1).contiguous()
-            h = h + moe(layer, h, ids, weights)
+            weights, ids = route(layer, h, rows_matmul(h, self.gate[layer].t(), cfg.block_size))
+            shared = torch.arange(cfg.routed_experts, cfg.num_experts, device=ids.device)
+            shared = shared.to(ids.dtype).expand(h.shape[0], cfg.shared_experts)
+            ids = torch.cat([ids, shared], dim=1).contiguous()
+            weights = torch.cat([weights, torch.ones_like(shared, dtype=weights.dtype)], dim=1)
+            h = h + moe(layer, h, ids, weights.contiguous())
         return h
 
 
 def rows_matmul(x: torch.Tensor, w_t: torch.Tensor, tile: int) -> torch.Tensor:
-    """``x @ w_t`` computed in fixed tiles of ``tile`` rows (one batched GEMM).
-
-    A GEMM library picks its kernel by problem shape, so ``x @ w`` for 5 rows and for 8
-    rows may round a shared row differently. Fixed tiles keep every row's result
-    independent of how many rows the batch has, as a GPU's tiled GEMM does; that is what
-    lets the check demand bit-identical real rows.
-    """
-    m = x.shape[0]
-    t = -(-m // tile)
+    """``x @ w_t`` in fixed tiles of ``tile`` rows (one batched GEMM): a GEMM library picks
+    its kernel by shape and may round a row differently for 5 rows than for 8; fixed tiles
+    keep each row's result independent of the batch, as a GPU's tiled GEMM does."""
+    m, t = x.shape[0], -(-x.shape[0] // tile)
     xp = torch.zeros(t * tile, x.shape[1], dtype=x.dtype, device=x.device)
     xp[:m] = x
     out = torch.bmm(xp.view(t, tile, -1), w_t.unsqueeze(0).expand(t, -1, -1).contiguous())

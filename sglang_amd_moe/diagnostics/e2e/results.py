@@ -1,17 +1,12 @@
-"""What the check reports: one row per (form, batch, with or without the plugin).
-
-Plain dataclasses without torch, so the worker subprocess can hand its rows back as
-JSON (:func:`row_from_dict` reads them), ``--json`` prints what the table shows, and
-the table (:mod:`.table`) renders them without importing torch.
-"""
+"""What the check reports: one row per (form, batch, with or without the plugin). Plain
+dataclasses without torch: the worker hands its rows back as JSON, the table needs no torch."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: A run "matches" when bit-identical, or within this relative error where only the
-#: summation order differs.
+#: A run "matches" when bit-identical, or within this relative error (summation order).
 REL_TOL = 1e-6
 
 
@@ -63,20 +58,16 @@ class CheckResult:
     meta: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "sglang": self.sglang,
-            "forms": [asdict(f) for f in self.forms],
-            "without_plugin": [asdict(r) for r in self.without],
-            "with_plugin": [asdict(r) for r in self.with_],
-            "ok": self.ok,
-            **self.meta,
-        }
+        rows = {"without_plugin": self.without, "with_plugin": self.with_}
+        doc = {"sglang": self.sglang, "forms": [asdict(f) for f in self.forms]}
+        return (
+            doc
+            | {k: [asdict(r) for r in v] for k, v in rows.items()}
+            | {"ok": self.ok, **self.meta}
+        )
 
 
 def row_from_dict(d: dict[str, Any]) -> RowResult:
     """A :class:`RowResult` back from its ``dataclasses.asdict`` form."""
-    d = dict(d)
-    cmp = d.pop("compare", None)
-    row = RowResult(**d)
-    row.compare = Compare(**cmp) if cmp else None
-    return row
+    cmp = d.get("compare")
+    return RowResult(**{**d, "compare": Compare(**cmp) if cmp else None})

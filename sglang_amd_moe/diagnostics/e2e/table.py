@@ -6,6 +6,7 @@ from __future__ import annotations
 from sglang_amd_moe.diagnostics.e2e.results import CheckResult, Compare
 from sglang_amd_moe.runtime.sglang.names import FUNCTION_NAME
 
+SELECT_NOTE = "select_experts(custom_routing_function=the HIP router)"
 #: The routing line when ``select_experts`` could not be used (``sglang_calls``).
 DIRECT_NOTE = (
     "this release's select_experts asserts num_token_non_padded is None with a custom "
@@ -13,17 +14,11 @@ DIRECT_NOTE = (
 )
 
 
-def _fmt_err(x: float) -> str:
-    if x != x:
-        return "nan"
-    return "0" if x == 0 else f"{x:.3g}"
-
-
 def err_cell(cmp: Compare) -> str:
-    """The max abs error as the table shows it: ``n/a`` when the padded run's real rows
-    hold non-finite entries, because the error over the finite entries alone (0, say)
-    would read as "no damage" next to a row full of NaN; the NaN column counts them."""
-    return "n/a" if cmp.nan_count else _fmt_err(cmp.max_abs_err)
+    """The max abs error, ``n/a`` where the real rows hold non-finite entries: the error
+    over the finite ones (0, say) would read as "no damage" next to a row full of NaN."""
+    x = cmp.max_abs_err
+    return "n/a" if cmp.nan_count else "nan" if x != x else "0" if x == 0 else f"{x:.3g}"
 
 
 def render(result: CheckResult) -> str:
@@ -38,12 +33,7 @@ def render(result: CheckResult) -> str:
         "_is_hip=True, _is_cuda=False",
         "padded rows: NaN rows and +-1e30 rows; NaN rows get stale-LDS ids from the HIP "
         "router (emulated)",
-        "routing: "
-        + (
-            DIRECT_NOTE
-            if meta["direct"]
-            else "select_experts(custom_routing_function=the HIP router)"
-        ),
+        f"routing: {DIRECT_NOTE if meta['direct'] else SELECT_NOTE}",
         "consumer: aiter-like, called as SGLang calls aiter fused_moe (no num_local_tokens)",
         "sorts that ran: " + meta["sorts"],
     ]

@@ -1,11 +1,7 @@
-"""The check's worker: the rebuilt form with the plugin, in a process of its own.
-
-The plugin loads once per process and classifies the function that is running when it
-loads, so the rebuilt ``mask-under-eplb-guard`` form can only be checked with the plugin
-in a process where the rebuilt function was put in place first. :class:`.run.Worker`
-starts this module (``python -m sglang_amd_moe.diagnostics.e2e.worker --device D
---json-file F``); it writes its result to ``F`` and exits 0. It is not a user command.
-"""
+"""The rebuilt form with the plugin, in a process of its own (``python -m
+sglang_amd_moe.diagnostics.e2e.worker --device D --json-file F``, started by
+:class:`.run.Worker`, not a user command): the plugin decides from the function running
+when it loads, so the rebuilt function must be in place before it loads."""
 
 from __future__ import annotations
 
@@ -23,43 +19,26 @@ from sglang_amd_moe.diagnostics.e2e import use_triton_interpreter
 
 def rebuilt_with_plugin(device: str) -> dict[str, Any]:
     """Put the rebuilt function in place, load the plugin, run every batch."""
-    # Imported here, after main() has chosen whether Triton interprets: these modules
-    # import the kernels, and so Triton, which reads TRITON_INTERPRET on import.
+    # Imported once main() has chosen whether Triton interprets (read on its import).
+    from sglang_amd_moe.diagnostics.e2e import sglang_calls as calls
     from sglang_amd_moe.diagnostics.e2e.run import build_bench, run_form
-    from sglang_amd_moe.diagnostics.e2e.sglang_calls import (
-        GUARD_FORM,
-        GuardFormError,
-        guard_form,
-        import_topk,
-        load_plugin,
-    )
     from sglang_amd_moe.runtime.sglang.names import FUNCTION_NAME
 
-    mod = import_topk()
+    mod = calls.import_topk()
     try:
-        fn, _ = guard_form(mod)
-    except GuardFormError as exc:
+        fn, _ = calls.guard_form(mod)
+    except calls.GuardFormError as exc:
         return {"reachable": False, "note": str(exc), "rows": []}
-    setattr(mod, FUNCTION_NAME, fn)
-    # topk is imported and the rebuilt function is the running one: the plugin classifies
-    # the running function (not the installed file, whose form is `fixed`).
-    live, message = load_plugin()
+    setattr(mod, FUNCTION_NAME, fn)  # the running function, which the plugin decides from
+    live, message = calls.load_plugin()
     bench = build_bench(device)
-    rows = run_form(bench, mod, "rebuilt", GUARD_FORM, plugin=True)
-    return {
-        "reachable": True,
-        "hook_live": live,
-        "hook_message": message,
-        "direct": bench.direct,
-        "rows": [asdict(r) for r in rows],
-    }
+    rows = run_form(bench, mod, "rebuilt", calls.GUARD_FORM, plugin=True)
+    doc = {"reachable": True, "hook_live": live, "hook_message": message}
+    return doc | {"direct": bench.direct, "rows": [asdict(r) for r in rows]}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m sglang_amd_moe.diagnostics.e2e.worker",
-        description="Internal to `sglang-amd-moe check`: the rebuilt form with the plugin.",
-    )
+    p = argparse.ArgumentParser(description="Internal to `sglang-amd-moe check`.")
     p.add_argument("--device", required=True)
     p.add_argument("--json-file", required=True, type=Path)
     args = p.parse_args(argv)

@@ -1,0 +1,139 @@
+"""Installed packages and their source files, found and read without importing them
+(the audit and ``check`` must work where SGLang, aiter or torch cannot be imported)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as md
+import importlib.util
+import io
+import os
+import re
+import stat
+import sys
+import tokenize
+from pathlib import Path
+
+_FBI = "srt/model_executor/forward_batch_info.py"
+_DRAFTS = [f"srt/speculative/eagle_draft{x}_cuda_graph_runner.py" for x in ("", "_extend")]
+MAX_SOURCE_BYTES = 4 * 1024 * 1024  # SGLang's topk.py is about 130 kB
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device"}
+_KINDS |= {stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO or pipe"}
+
+
+class SourceError(Exception):
+    """A source file that cannot be read (the message says why)."""
+
+
+def read_source(path: Path) -> str:
+    """Text of the regular file ``path`` (at most MAX_SOURCE_BYTES), else SourceError. It
+    is opened non-blocking and checked first: a FIFO cannot hang it, nor /dev/zero fill
+    memory."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st, data = os.fstat(fd), b""
+            if not stat.S_ISREG(st.st_mode):
+                kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a plain file")
+                raise SourceError(f"{path} is not a regular file ({kind}): give the source file")
+            if st.st_size > MAX_SOURCE_BYTES:
+                too_big = f"{st.st_size} bytes, more than a source file (limit {MAX_SOURCE_BYTES})"
+                raise SourceError(f"{path} is {too_big}")
+            while len(data) <= MAX_SOURCE_BYTES and (
+                chunk := os.read(fd, MAX_SOURCE_BYTES + 1 - len(data))
+            ):
+                data += chunk
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise SourceError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if len(data) > MAX_SOURCE_BYTES:
+        raise SourceError(f"{path} grew past {MAX_SOURCE_BYTES} bytes while being read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"{path} is not UTF-8 Python source ({exc.reason})") from exc
+
+
+def text_or_none(path: Path) -> str | None:
+    try:
+        return read_source(path)
+    except SourceError:
+        return None
+
+
+def package_dir(name: str) -> Path | None:
+    """Directory of top-level package ``name`` (None: absent, blocked, or a bare directory
+    on ``sys.path``)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locs = list(spec.submodule_search_locations or []) if spec else []
+    if spec is None or (spec.origin in (None, "namespace") and locs):
+        return None
+    if locs or not spec.origin or spec.origin in ("built-in", "frozen"):
+        return Path(locs[0]) if locs else None
+    return Path(spec.origin).parent
+
+
+def distribution(top: str) -> tuple[str | None, str | None]:
+    """(distribution name, version) providing top-level package ``top``."""
+    try:
+        dists = md.packages_distributions().get(top) or [top]
+    except Exception:
+        dists = [top]
+    for dist in dists:
+        try:
+            return dist, md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None, None
+
+
+def torch_is_rocm() -> bool | None:
+    """Whether torch here is a ROCm build (None: no torch)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "version", None) is not None:
+        return bool(getattr(torch.version, "hip", None))
+    torch_dir = package_dir("torch")
+    text = text_or_none(torch_dir / "version.py") if torch_dir is not None else None
+    hip = [
+        ln.split("=", 1)[1]
+        for ln in (text or "").splitlines()
+        if ln.startswith("hip") and "=" in ln
+    ]
+    return None if text is None else bool(hip) and hip[0].strip() not in ("None", "''", '""')
+
+
+def sglang_counts(root: Path) -> dict[str, str] | None:
+    """Whether a count of real rows reaches ``_post_process_topk_ids`` on each path of the
+    SGLang package at ``root`` (``ep``, ``tp``, ``dp``, ``draft``: "yes", "no", "zeroed" where
+    SGLang zeroes the pad rows itself, "?"), from ``enable_num_token_non_padded()`` (which
+    decides whether a CUDA graph passes one) in a shape known here, and the EAGLE draft
+    graph runners (which set none); None where the code does not say."""
+    try:
+        defs = {getattr(n, "name", ""): n for n in ast.parse(text_or_none(root / _FBI) or "").body}
+    except SyntaxError:
+        return None
+    fn = defs.get("enable_num_token_non_padded")
+    if not isinstance(fn, ast.FunctionDef):
+        return None
+    called = [defs.get(getattr(c, "id", "")) for c in ast.walk(fn)]  # helpers it calls, too
+    code = " ".join(ast.unparse(f) for f in (fn, *called) if isinstance(f, ast.FunctionDef))
+    body = [ast.unparse(s) for s in fn.body if not isinstance(s, ast.Expr)]
+    if "SGLANG_DP_MASK_PAD_ROWS" in code:  # on HIP, on by default (0.5.23)
+        on = os.environ.get("SGLANG_DP_MASK_PAD_ROWS", "true").lower() in ("true", "1")
+        dp = "zeroed" if on else "no"
+    elif len(body) == 1 and re.fullmatch(r"return \S*(ep_size|expert_parallel)\S* > 1", body[0]):
+        dp = "no"  # `expert-parallel size > 1` and nothing else (0.5.10 - 0.5.14)
+    else:
+        return None
+    texts = [t for t in (text_or_none(root / d) for d in _DRAFTS) if t]
+    try:
+        tokens = [t for x in texts for t in tokenize.generate_tokens(io.StringIO(x).readline)]
+    except (tokenize.TokenError, SyntaxError):
+        texts, tokens = [], []
+    sets_one = any(t.string == "num_token_non_padded" for t in tokens if t.type == tokenize.NAME)
+    draft = "no" if texts and not sets_one else "?"
+    return {"ep": "yes", "tp": "no", "dp": dp, "draft": draft}
