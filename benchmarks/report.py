@@ -336,6 +336,45 @@ def host_section(host: dict | None) -> list[str]:
     return lines + [""]
 
 
+def vary_section(runs: list[dict]) -> list[str]:
+    """The row-count sequences of ``host_cost.py --only vary``: one file per code
+    measured (this tree's first), in one table."""
+    if not runs:
+        return []
+    first = runs[0]
+    vary = first["vary"]
+    lines = [
+        "## Host cost when the row count changes (`benchmarks/host_cost.py --only vary`, "
+        "host clock, us per call)",
+        "",
+        f"Device: {first['device']}; torch {first['torch']}; triton {first['triton']}. One "
+        "small torch op: "
+        + ", ".join(f"{run['torch_op']:.2f} us ({run['vary']['code']})" for run in runs)
+        + ". Each kernel is called over "
+        f"{len(vary['counts'])} row counts between {min(vary['counts'])} and "
+        f"{max(vary['counts'])} (the mask and the guard at topk 8 with a count, the sort "
+        "257/9 with a count): `fixed`, each count "
+        f"{vary['layers']} calls in a row (the MoE layers of one forward), every count "
+        "called once before; `cycle`, the same calls with the count changing on every "
+        f"call; `forward`, {len(vary['forward'])} counts never called before, "
+        f"{vary['layers']} calls each; `new`, {vary['new']} counts never called before, "
+        "one call each. Every tile and plan was compiled before; each value is the median "
+        f"of {vary['repeats']} runs of the sequence, the garbage collector off.",
+        "",
+        "| kernel | shape | code | fixed | cycle | forward | new |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in vary["results"]:
+        for run in runs:
+            found = [x for x in run["vary"]["results"] if x["kernel"] == r["kernel"]]
+            for x in found:
+                lines.append(
+                    f"| {x['kernel']} | {x['shape']} | {run['vary']['code']} | "
+                    f"{x['fixed']:.2f} | {x['cycle']:.2f} | {x['forward']:.2f} | {x['new']:.2f} |"
+                )
+    return lines + [""]
+
+
 def plot(results: list[dict], out_dir: Path) -> list[str]:
     """Graph-replay and eager plots of the mask (topk 8) and the sort (513/11, block 16,
     half padded)."""
@@ -412,6 +451,16 @@ def main(argv: list[str] | None = None) -> int:
         default=HERE / "results" / "h200-host-cost.json",
         help="benchmarks/host_cost.py's JSON, if it exists: its table and targets",
     )
+    ap.add_argument(
+        "--host-vary",
+        type=Path,
+        nargs="*",
+        default=[
+            HERE / "results" / "h200-host-cost-vary.json",
+            HERE / "results" / "h200-host-cost-vary-before.json",
+        ],
+        help="host_cost.py --only vary JSONs, if they exist (this tree's first): their table",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     ap.add_argument("--plots-dir", type=Path, default=REPO / "docs")
     ap.add_argument(
@@ -472,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         host = None  # an older host_cost.py's layout: not this report's table
     lines += targets_section(results, idx, host)
     lines += host_section(host)
+    lines += vary_section([json.loads(p.read_text()) for p in a.host_vary if p.exists()])
     lines += launch_section(results)
     lines += ["## Mask padded rows and the guard", ""]
     for mode in ("graph", "eager"):

@@ -18,12 +18,15 @@ mutating both tensors, with a fake implementation, so ``torch.compile`` can trac
 through it. On the CPU it runs the Triton kernel through the interpreter when Triton
 was imported with ``TRITON_INTERPRET=1``, and the plain-torch reference otherwise.
 
-Host cost: the first eager call of a signature (shapes, strides, dtypes, devices, fill
-value) runs the full checks and keeps a direct program
-(:class:`~sglang_amd_moe.kernels.utils.DirectProgram`); later calls of that signature
-read the three addresses, check their alignment and (when they changed) that the two
-routing tensors and the count do not overlap, and launch the compiled kernel with
-integer pointers. It allocates nothing.
+Host cost: the first eager call of a signature (column count, strides, dtypes, devices,
+fill value, and whether there are 0, 1 or more rows) runs the full checks and keeps a
+direct program (:class:`~sglang_amd_moe.kernels.utils.RowsProgram`) that serves every
+row count; later calls of that signature read the three addresses, check their
+alignment and (when they or the row count changed) that the two routing tensors and the
+count do not overlap, compute the grid from the row count and launch the compiled kernel
+with integer pointers. A row count whose tile differs from every one launched before
+(the tile shrinks while the whole tensor fits in less than one; int64 offsets from
+``2**31`` elements) takes the full path once. It allocates nothing.
 """
 
 from __future__ import annotations
@@ -37,15 +40,16 @@ import triton.language as tl
 from ._validate import check_mask_call, check_mask_disjoint
 from .reference import mask_padded_rows_reference_
 from .utils import (
-    DirectProgram,
     KernelLauncher,
+    RowsProgram,
     bounded_put,
     capture_launches,
     device_guard,
     direct_calls_allowed,
     hip_buffers_small,
-    launch_and_keep,
+    launch_and_take,
     launcher,
+    rows_launch_config,
     triton_backend,
 )
 
@@ -129,12 +133,7 @@ def mask_launch_config(num_rows: int, num_cols: int, flat: bool = False) -> tupl
     covers ``BLOCK_M * BLOCK_K`` consecutive elements (``BLOCK_K`` is 1). Otherwise
     ``BLOCK_M`` rows of ``next_pow2(num_cols)`` columns.
     """
-    if flat:
-        block = min(FLAT_BLOCK, triton.next_power_of_2(max(num_rows * num_cols, 1)))
-        return triton.cdiv(num_rows * num_cols, block), block, 1
-    block_k = triton.next_power_of_2(max(num_cols, 1))
-    block_m = max(1, min(triton.next_power_of_2(max(num_rows, 1)), ROWS_BLOCK // block_k))
-    return triton.cdiv(num_rows, block_m), block_m, block_k
+    return rows_launch_config(num_rows, num_cols, flat, FLAT_BLOCK, ROWS_BLOCK)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -215,8 +214,57 @@ def _mask_padded_rows_fake(
     return None
 
 
+class MaskProgram(RowsProgram):
+    """The mask's :class:`~sglang_amd_moe.kernels.utils.RowsProgram`, with what a hit
+    needs to tell that the call's two routing tensors and its count do not overlap: each
+    routing tensor's row pitch and row width in bytes, and the count's size."""
+
+    __slots__ = ("ids_pitch", "ids_width", "w_pitch", "w_width", "count_size", "last")
+
+    def __init__(
+        self,
+        index: int,
+        cols: int,
+        contiguous: bool,
+        ids: torch.Tensor,
+        stride_ids: int,
+        weights: torch.Tensor,
+        stride_w: int,
+        count: torch.Tensor,
+    ) -> None:
+        super().__init__(index, cols, contiguous, FLAT_BLOCK, ROWS_BLOCK, True)
+        self.ids_pitch, self.ids_width = stride_ids * ids.element_size(), cols * ids.element_size()
+        self.w_pitch, self.w_width = (
+            stride_w * weights.element_size(),
+            cols * weights.element_size(),
+        )
+        self.count_size = count.element_size()
+        self.last: tuple | None = None  # addresses and row count of the last clear call
+
+    def clear(self, p_ids: int, p_w: int, p_count: int, rows: int) -> bool:
+        """Whether the addresses are 16-byte aligned and the spans of ``rows`` rows of the
+        routing tensors and the count's are apart (spans that overlap go to the full
+        path, which checks byte-exactly)."""
+        call = (p_ids, p_w, p_count, rows)
+        if call == self.last:
+            return True
+        if (p_ids | p_w | p_count) & 15:
+            return False
+        ids_end = p_ids + (rows - 1) * self.ids_pitch + self.ids_width
+        w_end = p_w + (rows - 1) * self.w_pitch + self.w_width
+        count_end = p_count + self.count_size
+        if (
+            (ids_end <= p_w or w_end <= p_ids)
+            and (ids_end <= p_count or count_end <= p_ids)
+            and (w_end <= p_count or count_end <= p_w)
+        ):
+            self.last = call
+            return True
+        return False
+
+
 # Direct programs by call signature (see mask_padded_rows_).
-_DIRECT: dict[tuple, DirectProgram] = {}
+_DIRECT: dict[tuple, MaskProgram] = {}
 
 
 def mask_padded_rows_(
@@ -234,27 +282,36 @@ def mask_padded_rows_(
     row stride may differ, e.g. a column slice of a wider buffer). Bad inputs raise
     ``TypeError``/``ValueError`` before anything is launched or written.
     """
-    key = None
+    key = program = None
     if num_token_non_padded is not None and direct_calls_allowed():
         try:
-            # One flat key of plain values (ints, dtypes, bools: cheap to hash); a tensor
-            # that is not 2-D fails to unpack and takes the full path, which says why.
+            # One flat key of plain values (ints, dtypes, bools: cheap to hash), without
+            # the row count: the checks depend on it only through whether it is 0, 1 or
+            # more (a single row may have any row stride) and through the spans, which a
+            # hit checks. A tensor that is not 2-D fails to unpack and takes the full
+            # path, which says why.
             rows, cols = topk_ids.shape
             w_rows, w_cols = topk_weights.shape
             count = num_token_non_padded
             key = (
-                rows, cols, *topk_ids.stride(), topk_ids.dtype, topk_ids.get_device(),
-                topk_ids.is_cuda, w_rows, w_cols, *topk_weights.stride(), topk_weights.dtype,
-                topk_weights.get_device(), topk_weights.is_cuda, count.numel(), count.dtype,
-                count.get_device(), count.is_cuda, type(fill_value), fill_value,
+                rows if rows < 2 else 2, cols, *topk_ids.stride(), topk_ids.dtype,
+                topk_ids.get_device(), topk_ids.is_cuda, w_rows == rows, w_cols,
+                *topk_weights.stride(), topk_weights.dtype, topk_weights.get_device(),
+                topk_weights.is_cuda, count.numel(), count.dtype, count.get_device(),
+                count.is_cuda, type(fill_value), fill_value,
             )  # fmt: skip
             program = _DIRECT.get(key)
         except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
             key = program = None
         if program is not None:
-            ptrs = (topk_ids.data_ptr(), topk_weights.data_ptr(), count.data_ptr())
-            if program.clear(ptrs) and hip_buffers_small(topk_ids, topk_weights, count):
-                program.launch(ptrs)
+            entry = program.entry(rows)
+            p_ids, p_w, p_count = topk_ids.data_ptr(), topk_weights.data_ptr(), count.data_ptr()
+            if (
+                entry is not None
+                and program.clear(p_ids, p_w, p_count, rows)
+                and hip_buffers_small(topk_ids, topk_weights, count)
+            ):
+                program.launch(entry, rows, p_ids, p_w, p_count)
                 return
     count, rows, cols, stride_ids, stride_w = check_mask_call(
         topk_ids, topk_weights, num_token_non_padded, fill_value
@@ -271,19 +328,20 @@ def mask_padded_rows_(
     if key is None:
         _launch_mask(*args)
         return
-    # The first call of this signature: launch, and keep its direct program.
+    # The first call of this signature, or of a row count whose tile is new to its
+    # program: launch, and keep the launch in the program.
     with capture_launches() as launches:
         _launch_mask(*args)
-    program = launch_and_keep(
-        launches,
-        topk_ids.device,
-        [topk_ids, topk_weights, count],
-        (
-            ((rows - 1) * stride_ids + cols) * topk_ids.element_size() if rows and cols else 0,
-            ((rows - 1) * stride_w + cols) * topk_weights.element_size() if rows and cols else 0,
-            count.element_size(),
-        ),
-        (True, True, False),
-    )
-    if program is not None:
-        bounded_put(_DIRECT, key, program)
+    direct = launch_and_take(launches, topk_ids.device, [topk_ids, topk_weights, count])
+    if direct is None or len(direct) != 1 or direct[0].slots != (0, 1, 2):
+        return
+    if program is None:
+        index = topk_ids.device.index if topk_ids.device.index is not None else 0
+        contiguous = stride_ids == cols and stride_w == cols
+        program = MaskProgram(
+            index, cols, contiguous, topk_ids, stride_ids, topk_weights, stride_w, count
+        )
+        if program.add(rows, direct[0]):
+            bounded_put(_DIRECT, key, program)
+    else:
+        program.add(rows, direct[0])

@@ -70,7 +70,8 @@ launchers with their constants) is built once per shape and cached
 (:func:`sort_program`); the scratch buffer is reused between eager calls
 (:func:`~sglang_amd_moe.kernels.utils.scratch`); the checks read metadata only;
 :func:`adaptive_moe_sort` checks only its inputs and allocates its outputs as views of
-one buffer; and a repeated signature takes a direct program (see ``mxfp4_moe_sort``).
+one buffer; and a repeated signature takes a direct program (see ``mxfp4_moe_sort``),
+one per row count, at most ``SORT_PROGRAMS`` of them kept (the least recently used go).
 """
 
 from __future__ import annotations
@@ -93,16 +94,17 @@ from .reference import mxfp4_moe_sort_reference
 from .utils import (
     DirectProgram,
     KernelLauncher,
-    bounded_put,
     capture_launches,
     device_guard,
     direct_calls_allowed,
     hip_buffers_small,
     launch_and_keep,
     launcher,
+    lru_put,
     max_sorted_size,
     scratch,
     triton_backend,
+    use_stamp,
     zeroed_state,
 )
 
@@ -985,7 +987,12 @@ def _sort_direct_program(
     return launch_and_keep(launches, device, callers, extents, written, own, buffers)
 
 
-# Direct programs by call signature (see mxfp4_moe_sort and adaptive_moe_sort).
+# Direct programs by call signature (see mxfp4_moe_sort and adaptive_moe_sort). A
+# signature holds the row count (the plan, the checks and the buffers' sizes depend on
+# it), so prefill, whose row count changes from forward to forward, makes one program
+# per count: each cache keeps at most SORT_PROGRAMS, dropping the half used longest ago
+# when full.
+SORT_PROGRAMS = 256
 _DIRECT: dict[tuple, DirectProgram] = {}
 _ADAPTIVE_DIRECT: dict[tuple, tuple[DirectProgram, AdaptiveLayout, torch.device]] = {}
 
@@ -1093,6 +1100,7 @@ def mxfp4_moe_sort(
             if program.clear(ptrs) and hip_buffers_small(
                 topk_ids, topk_weight, sorted_token_ids, sorted_weights, m_indices, bf16_zero_out
             ):
+                program.used = use_stamp()
                 program.launch(ptrs)
                 if workspace > 0:
                     bf16_zero_workspace.zero_()
@@ -1130,7 +1138,7 @@ def mxfp4_moe_sort(
             launches, taken, callers, extents, written, [], topk_ids.device
         )
         if program is not None:
-            bounded_put(_DIRECT, key, program)
+            lru_put(_DIRECT, key, program, SORT_PROGRAMS)
     if bf16_zero_workspace.numel() > 0:
         bf16_zero_workspace.zero_()
 
@@ -1260,6 +1268,7 @@ def adaptive_moe_sort(
                 base + 4 * o[5], outs[6].data_ptr(),
             )  # fmt: skip
             if program.clear(ptrs) and hip_buffers_small(topk_ids, topk_weights):
+                program.used = use_stamp()
                 program.launch(ptrs)
                 return _adaptive_result(outs, emit_aux)
     topk_ids = check_tensor("topk_ids", topk_ids)
@@ -1302,7 +1311,7 @@ def adaptive_moe_sort(
         launches, taken, callers, (0,) * len(callers), (False,) * len(callers), own, device
     )
     if program is not None:
-        bounded_put(_ADAPTIVE_DIRECT, key, (program, layout, device))
+        lru_put(_ADAPTIVE_DIRECT, key, (program, layout, device), SORT_PROGRAMS)
     return _adaptive_result(outs, emit_aux)
 
 

@@ -28,11 +28,16 @@ fake implementation, so ``torch.compile`` can trace through it; eager calls skip
 dispatcher. On the CPU it runs the Triton kernel through the interpreter when Triton was
 imported with ``TRITON_INTERPRET=1``, and :func:`guard_routing_reference` otherwise.
 
-Host cost: the first eager call of a signature (shapes, strides, dtypes, devices, expert
-count) runs the full checks and keeps a direct program (:class:`.utils.PairProgram`);
-later calls take a premade pair of outputs from a slab, read three addresses, check
-their alignment and launch the compiled kernel with integer pointers.
-The inputs are only read, so no overlap check is needed.
+Host cost: the first eager call of a signature (column count, strides, dtypes, devices,
+expert count, whether there is a count, and whether there are 0, 1 or more rows) runs
+the full checks and keeps a direct program (:class:`.utils.PairProgram`) that serves
+every row count; later calls read three addresses, check their alignment, compute the
+grid from the row count, take a pair of outputs (premade from a slab while the row
+count repeats, as it does across the MoE layers of one forward) and launch the compiled
+kernel with integer pointers. The inputs are only read, so no overlap check is needed.
+A row count whose tile differs from every one launched before (the tile shrinks while
+the whole tensor fits in less than one; int64 offsets from ``2**31`` elements) takes the
+full path once.
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ from .utils import (
     device_guard,
     direct_calls_allowed,
     hip_buffers_small,
-    launch_and_keep,
+    launch_and_take,
     launcher,
+    rows_launch_config,
     triton_backend,
 )
 
@@ -152,12 +158,7 @@ def _guard_routing_kernel(
 
 def guard_launch_config(num_rows: int, num_cols: int, flat: bool) -> tuple[int, int, int]:
     """``(grid, BLOCK_M, BLOCK_K)`` for ``[num_rows, num_cols]`` routing tensors."""
-    if flat:
-        block = min(FLAT_BLOCK, triton.next_power_of_2(max(num_rows * num_cols, 1)))
-        return triton.cdiv(num_rows * num_cols, block), block, 1
-    block_k = triton.next_power_of_2(max(num_cols, 1))
-    block_m = max(1, min(triton.next_power_of_2(max(num_rows, 1)), ROWS_BLOCK // block_k))
-    return triton.cdiv(num_rows, block_m), block_m, block_k
+    return rows_launch_config(num_rows, num_cols, flat, FLAT_BLOCK, ROWS_BLOCK)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -263,18 +264,22 @@ def guard_routing(
     ``TypeError``/``ValueError`` before anything is launched. No host synchronization;
     capturable in a CUDA/HIP graph.
     """
-    key = None
+    key = program = None
     if direct_calls_allowed():
         try:
-            # One flat key of plain values (ints, dtypes, bools: cheap to hash); a tensor
-            # that is not 2-D fails to unpack and takes the full path, which says why.
+            # One flat key of plain values (ints, dtypes, bools: cheap to hash), without
+            # the row count: the checks do not depend on it, and the launch only through
+            # whether it is 0, 1 or more (a single row is contiguous whatever its row
+            # stride). A tensor that is not 2-D fails to unpack and takes the full path,
+            # which says why.
             rows, cols = topk_ids.shape
             w_rows, w_cols = topk_weights.shape
             count = num_local_tokens
             key = (
-                rows, cols, *topk_ids.stride(), topk_ids.dtype, topk_ids.get_device(),
-                topk_ids.is_cuda, w_rows, w_cols, *topk_weights.stride(), topk_weights.dtype,
-                topk_weights.get_device(), topk_weights.is_cuda, type(num_experts), num_experts,
+                rows if rows < 2 else 2, cols, *topk_ids.stride(), topk_ids.dtype,
+                topk_ids.get_device(), topk_ids.is_cuda, w_rows == rows, w_cols,
+                *topk_weights.stride(), topk_weights.dtype, topk_weights.get_device(),
+                topk_weights.is_cuda, type(num_experts), num_experts,
                 None if count is None else (
                     count.numel(), count.dtype, count.get_device(), count.is_cuda
                 ),
@@ -288,7 +293,9 @@ def guard_routing(
             # The inputs are only read and the outputs are the program's own: alignment
             # is all that depends on the addresses.
             if not (p_ids | p_w | p_count) & 15 and hip_buffers_small(topk_ids, topk_weights):
-                return program(p_ids, p_w, p_count)
+                entry = program.entry(rows)
+                if entry is not None:
+                    return program(entry, rows, p_ids, p_w, p_count)
     count, num_experts = check_guard_call(topk_ids, topk_weights, num_experts, num_local_tokens)
     if torch.compiler.is_compiling():
         return _guard_routing_op(topk_ids, topk_weights, num_experts, count)
@@ -296,22 +303,31 @@ def guard_routing(
     # than the launch itself.
     if key is None:
         return _launch_guard(topk_ids, topk_weights, num_experts, count)
-    # The first call of this signature: launch, and keep its direct program.
+    # The first call of this signature, or of a row count whose tile is new to its
+    # program: launch, and keep the launch in the program.
     with capture_launches() as launches:
         out_ids, out_w = _launch_guard(topk_ids, topk_weights, num_experts, count)
     placeholder = topk_ids if count is None else count
-    program = launch_and_keep(
-        launches,
-        topk_ids.device,
-        [topk_ids, topk_weights, placeholder],
-        (0, 0, 0),  # only read: no overlap to check
-        (False, False, False),
-        own=[out_ids, out_w],
+    direct = launch_and_take(
+        launches, topk_ids.device, [topk_ids, topk_weights, placeholder, out_ids, out_w]
     )
     # The hit path passes the addresses in the kernel's order: ids, weights, count (or
     # the ids' again), then the two outputs.
-    if program is not None and len(program.launches) == 1:
-        launch = program.launches[0]
-        if launch.slots in ((0, 1, 2, 3, 4), (0, 1, 0, 3, 4)):
-            bounded_put(_DIRECT, key, PairProgram(launch, program.index, out_ids, out_w))
+    if (
+        direct is None
+        or len(direct) != 1
+        or direct[0].slots not in ((0, 1, 2, 3, 4), (0, 1, 0, 3, 4))
+    ):
+        return out_ids, out_w
+    if program is None:
+        device = topk_ids.device
+        flat = topk_ids.is_contiguous() and topk_weights.is_contiguous()
+        program = PairProgram(
+            device.index if device.index is not None else 0,
+            cols, flat, FLAT_BLOCK, ROWS_BLOCK, out_ids, out_w,
+        )  # fmt: skip
+        if program.add(rows, direct[0]):
+            bounded_put(_DIRECT, key, program)
+    else:
+        program.add(rows, direct[0])
     return out_ids, out_w

@@ -9,9 +9,11 @@
   running them, so tools can see exactly what the package's own launch planning asks
   for (e.g. with tensors on the ``meta`` device, which never run) and compile it for
   other targets.
-- :class:`DirectProgram` / :class:`PairProgram`: the lean host path of a call signature
-  seen before (see "direct calls" below); a :class:`PairProgram` also premakes the two
-  outputs of the routing guard.
+- :class:`DirectProgram` / :class:`RowsProgram` / :class:`PairProgram`: the lean host
+  path of a call signature seen before (see "direct calls" below); a
+  :class:`RowsProgram` serves every row count of a signature, a :class:`PairProgram`
+  (the routing guard's) also premakes its two outputs.
+- :func:`rows_launch_config`: the grid and tile of the mask's and the guard's launch.
 - :func:`scratch`: a reusable device buffer for a kernel's intermediate values.
 - :func:`max_sorted_size`: the sort's worst-case output length, as aiter sizes it.
 - :func:`real_rows`: a host-side row count, clamped as the kernels clamp it on the device.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import itertools
 import operator
 import os
 import threading
@@ -355,7 +358,12 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
 # overlap, when the addresses differ from the last call's) and launches the compiled
 # kernels with integer pointers. Anything else (a new signature, a misaligned tensor,
 # addresses whose spans overlap, a launch hook, capture_launches, the interpreter)
-# takes the full path, which raises what it always raised.
+# takes the full path, which raises what it always raised. The mask's and the guard's
+# signatures leave the row count out, but for whether it is 0, 1 or more (the checks
+# depend on nothing else of it, besides the spans a hit checks): one RowsProgram (below)
+# serves every row count, so prefill, whose row count changes from forward to forward,
+# keeps hitting. The sort's signature has the row count (its plan, checks and buffer
+# sizes depend on it): its cache drops the programs used longest ago (lru_put).
 
 
 def direct_calls_allowed() -> bool:
@@ -424,7 +432,9 @@ class DirectProgram:
     program keeps the buffers it took last (and their addresses) for its stream and
     host thread, and takes them again while no cached buffer was replaced since."""
 
-    __slots__ = ("launches", "index", "extents", "written", "last", "callers", "buffers", "_held")
+    __slots__ = (
+        "launches", "index", "extents", "written", "last", "callers", "buffers", "_held", "used",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -443,6 +453,7 @@ class DirectProgram:
         self.buffers = buffers
         # (stream, host thread, generation, buffers, their addresses) of the last eager call
         self._held: tuple | None = None
+        self.used = 0  # stamp of the last hit (see lru_put)
 
     def clear(self, ptrs: tuple) -> bool:
         """Whether ``ptrs`` (the caller's tensors' addresses, then any the program's own
@@ -519,6 +530,28 @@ class DirectProgram:
         ]
 
 
+def launch_and_take(
+    launches: list[Launch], device: torch.device, tensors: list[torch.Tensor]
+) -> list[DirectLaunch] | None:
+    """Make the ``launches`` recorded by :func:`capture_launches` (on ``device``) through
+    their launchers (so each specialization is compiled) and return each as a
+    :class:`DirectLaunch` taking its pointers from ``tensors``' slots, or None when one of
+    them cannot be launched directly (kept on Triton's path, a tensor argument not in
+    ``tensors``, an argument that is neither a tensor nor an int, a pointer that is not
+    16-byte aligned, or on AMD a buffer past 2 GiB: then every call takes the full path)."""
+    with device_guard(device):
+        for launch in launches:
+            launcher(launch.kernel, **launch.meta)(launch.grid, *launch.args)
+        if not launches or any(t.data_ptr() & 15 for t in tensors):
+            return None
+        if _IS_HIP and any(t.untyped_storage().nbytes() > _TWO_GIB for t in tensors):
+            return None
+        direct = [_direct_launch(launch, tensors) for launch in launches]
+    if any(d is None for d in direct):
+        return None
+    return direct
+
+
 def launch_and_keep(
     launches: list[Launch],
     device: torch.device,
@@ -528,27 +561,15 @@ def launch_and_keep(
     own: list[torch.Tensor] = (),
     buffers: tuple[tuple[str, int, bool], ...] = (),
 ) -> DirectProgram | None:
-    """Make the ``launches`` recorded by :func:`capture_launches` (on ``device``) through
-    their launchers (so each specialization is compiled) and return their
-    :class:`DirectProgram`, or None when one of them cannot be launched directly (kept on
-    Triton's path, a tensor argument that is neither one of ``callers`` nor one of
-    ``own``, an argument that is neither a tensor nor an int, a pointer that is not
-    16-byte aligned, or on AMD a buffer past 2 GiB: then every call takes the full path).
+    """:func:`launch_and_take`, kept as a :class:`DirectProgram` (None when a launch
+    cannot be launched directly).
 
     ``callers``: the call's tensors in the order its direct path reads their addresses
     (``extents``: the bytes each spans, ``written``: which the launches write); ``own``:
     buffers the direct path allocates (outputs), whose addresses follow them, then the
     program's ``buffers`` (the last ``len(buffers)`` of ``own``)."""
-    with device_guard(device):
-        for launch in launches:
-            launcher(launch.kernel, **launch.meta)(launch.grid, *launch.args)
-        tensors = [*callers, *own]
-        if not launches or any(t.data_ptr() & 15 for t in tensors):
-            return None
-        if _IS_HIP and any(t.untyped_storage().nbytes() > _TWO_GIB for t in tensors):
-            return None
-        direct = [_direct_launch(launch, tensors) for launch in launches]
-    if any(d is None for d in direct):
+    direct = launch_and_take(launches, device, [*callers, *own])
+    if direct is None:
         return None
     return DirectProgram(
         direct, device.index if device.index is not None else 0, extents, written, buffers
@@ -557,7 +578,7 @@ def launch_and_keep(
 
 def _direct_launch(launch: Launch, tensors: list[torch.Tensor]) -> DirectLaunch | None:
     """``launch`` as a :class:`DirectLaunch` taking its pointers from ``tensors``' slots,
-    or None (see :func:`launch_and_keep`)."""
+    or None (see :func:`launch_and_take`)."""
     runner = launcher(launch.kernel, **launch.meta)
     handle = runner.handle(launch.args)
     if handle is None or runner._nargs != len(launch.args):
@@ -580,104 +601,244 @@ def _direct_launch(launch: Launch, tensors: list[torch.Tensor]) -> DirectLaunch 
     return DirectLaunch(handle, launch.grid, tuple(slots), (*ints, *runner._constexprs))
 
 
+# ----------------------------------------------------------- programs for every row count
+# The mask's and the guard's launches depend on the row count M in three ways only: the
+# grid; the integer argument M itself, which neither kernel specializes on
+# (do_not_specialize: Triton compiles it as a plain int32 below 2**31 rows and as an
+# int64 from there); and the constants M picks, the tile (smaller while the whole tensor
+# fits in less than one) and int64 offsets from 2**31 elements. Every other argument
+# (the column count, the strides, the fill value or expert count, the dtypes) is part of
+# the call's key. So a RowsProgram keeps one compiled handle per set of constants and
+# serves every M: a hit computes the grid from M and takes the handle of M's constants.
+INT32_LIMIT = 2**31
+
+
+def rows_launch_config(
+    num_rows: int, num_cols: int, flat: bool, flat_block: int, rows_block: int
+) -> tuple[int, int, int]:
+    """``(grid, BLOCK_M, BLOCK_K)`` of a one-launch kernel over ``[num_rows, num_cols]``
+    routing tensors (the mask's and the guard's). ``flat`` (contiguous tensors): each
+    program covers ``BLOCK_M * BLOCK_K`` consecutive elements, ``flat_block`` or the next
+    power of two of all of them if fewer (``BLOCK_K`` is 1). Otherwise ``BLOCK_M`` rows
+    of ``next_pow2(num_cols)`` columns, at most ``rows_block`` elements a program."""
+    if flat:
+        block = min(flat_block, triton.next_power_of_2(max(num_rows * num_cols, 1)))
+        return triton.cdiv(num_rows * num_cols, block), block, 1
+    block_k = triton.next_power_of_2(max(num_cols, 1))
+    block_m = max(1, min(triton.next_power_of_2(max(num_rows, 1)), rows_block // block_k))
+    return triton.cdiv(num_rows, block_m), block_m, block_k
+
+
+class RowsProgram:
+    """The direct program of a one-launch kernel over ``[M, K]`` routing tensors (the
+    mask's, the guard's) for every row count ``M`` of one key.
+
+    The kernel takes its pointers, then ``M``, then the arguments in ``tail`` (the same
+    for every call of the key, constants last). :meth:`entry` gives, for ``M``, the grid
+    and the handle compiled for ``M``'s constants (see :func:`rows_launch_config`; int64
+    offsets from ``2**31`` elements, on the strided path too when ``int64_strided``), or
+    None when that handle is not known yet or ``M`` is ``2**31`` or more (Triton then
+    passes ``M`` as an int64): such a call takes the full path, whose launch
+    :meth:`add` keeps. The constants stop changing once a tile is full, so from
+    ``lo`` rows up to the int64 switch (``hi``) one handle serves."""
+
+    __slots__ = (
+        "index", "cols", "flat", "flat_block", "rows_block", "int64_strided", "mult", "per",
+        "lo", "hi", "steady", "steady_config", "handles",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        index: int,
+        cols: int,
+        flat: bool,
+        flat_block: int,
+        rows_block: int,
+        int64_strided: bool,
+    ) -> None:
+        self.index, self.cols, self.flat = index, cols, flat
+        self.flat_block, self.rows_block, self.int64_strided = flat_block, rows_block, int64_strided
+        if flat:
+            # A program covers flat_block elements once M * K exceeds half of it.
+            self.mult, self.per = cols, flat_block
+            self.lo = (flat_block // 2) // cols + 1
+        else:
+            self.mult = 1
+            self.per = max(1, rows_block // triton.next_power_of_2(cols))
+            self.lo = self.per // 2 + 1
+        self.hi = -(-INT32_LIMIT // cols) if flat or int64_strided else INT32_LIMIT
+        self.steady_config = self.config(max(self.lo, 1))[1]
+        self.steady: tuple | None = None  # (run, function, packed, tail) for lo <= M < hi
+        self.handles: dict[tuple, tuple] = {}
+
+    def config(self, rows: int) -> tuple[int, tuple[int, int, bool]]:
+        """``(grid, (BLOCK_M, BLOCK_K, int64 offsets))`` of ``rows`` rows."""
+        grid, block_m, block_k = rows_launch_config(
+            rows, self.cols, self.flat, self.flat_block, self.rows_block
+        )
+        int64 = (self.flat or self.int64_strided) and rows * self.cols >= INT32_LIMIT
+        return grid, (block_m, block_k, int64)
+
+    def entry(self, rows: int) -> tuple[int, tuple] | None:
+        """``(grid, (run, function, packed, tail))`` for ``rows`` rows, or None."""
+        if self.lo <= rows < self.hi:
+            steady = self.steady
+            if steady is None:
+                return None
+            return (rows * self.mult + self.per - 1) // self.per, steady
+        if rows < 1 or rows >= INT32_LIMIT:
+            return None
+        grid, config = self.config(rows)
+        handle = self.handles.get(config)
+        return None if handle is None else (grid, handle)
+
+    def add(self, rows: int, launch: DirectLaunch) -> bool:
+        """Keep ``launch`` (the full path's, for ``rows`` rows) as the handle of ``rows``'
+        constants; False (nothing kept) when it is not the launch this program makes."""
+        if not 1 <= rows < INT32_LIMIT or not launch.tail or launch.tail[0] != rows:
+            return False
+        grid, config = self.config(rows)
+        if (launch.g0, launch.g1, launch.g2) != (grid, 1, 1):
+            return False
+        handle = (launch.run, launch.function, launch.packed, launch.tail[1:])
+        self.handles[config] = handle
+        if config == self.steady_config:
+            self.steady = handle
+        return True
+
+    def launch(self, entry: tuple[int, tuple], rows: int, *ptrs: int) -> None:
+        """Launch ``entry`` (from :meth:`entry`) with ``ptrs`` on the program's device,
+        made current for the call when it is not."""
+        index = self.index
+        if _current_device() != index:
+            with torch.cuda.device(index):
+                self.launch(entry, rows, *ptrs)
+            return
+        grid, (run, function, packed, tail) = entry
+        run(
+            grid, 1, 1, _current_raw_stream(index), function, packed, None, None, None,
+            *ptrs, rows, *tail,
+        )  # fmt: skip
+
+
 # Outputs of a hit are carved from slabs, SLAB_PAIRS_MAX pairs at most per slab and
-# SLAB_BYTES at most per slab of each dtype (a signature whose outputs are larger gets
-# two allocations per call). A signature's first slab holds 2 pairs, each next one twice
-# as many, so one seen rarely allocates little. Slabs are kept, per stream, for the
-# POOLED_PROGRAMS signatures that refilled last.
+# SLAB_BYTES at most per slab of each dtype (outputs larger than half a slab get two
+# allocations per call). A stream's slab serves one row count at a time: the first call
+# at a new count allocates its pair, a second call at that count makes a slab of 2
+# pairs, each next one twice as many. Prefill runs every MoE layer of a forward at one
+# row count, so its calls take slabs; a count that changes on every call allocates, as
+# plain calls do. Slabs are kept, per stream, for the POOLED_PROGRAMS programs that
+# refilled last.
 SLAB_BYTES = 1 << 20
 SLAB_PAIRS_MAX = 16
 POOLED_PROGRAMS = 8
 
 
-class PairProgram:
-    """The direct program of a one-launch call that returns two new ``[M, K]`` tensors
-    (the routing guard's): its compiled launch, and the outputs of later calls, premade.
+class PairProgram(RowsProgram):
+    """The :class:`RowsProgram` of the routing guard, which returns two new ``[M, K]``
+    tensors: its outputs of later calls, premade.
 
     Each output pair of a hit is two fresh, contiguous ``[M, K]`` tensors no one else
-    holds: views of two slabs (one per dtype) made a batch at a time, one slab row per
-    pair, each row 16-byte aligned, so a hit allocates nothing itself and reads no
-    output address (the addresses are known when the slab is made). Slabs are per
-    stream (the caching allocator reuses a block on the stream it was allocated on) and
-    never used while the stream is being captured into a graph (a graph's outputs come
-    from its own pool). A pair a caller keeps holds its slab alive (at most
-    ``SLAB_BYTES`` per dtype)."""
+    holds: two plain allocations, or views of two slabs (one per dtype) made a batch at a
+    time, one slab row per pair, each row 16-byte aligned, so such a hit allocates
+    nothing itself and reads no output address (the addresses are known when the slab
+    is made). Slabs are per stream (the caching allocator reuses a block on the stream it
+    was allocated on), hold pairs of one row count, and are never used while the stream
+    is being captured into a graph (a graph's outputs come from its own pool). A pair a
+    caller keeps holds its slab alive (at most ``SLAB_BYTES`` per dtype)."""
 
-    __slots__ = (
-        "run", "function", "packed", "grid", "tail", "index", "device", "shape", "ids_dtype",
-        "w_dtype", "ids_row", "w_row", "ids_size", "w_size", "batch", "batch_max", "pools",
-    )  # fmt: skip
+    __slots__ = ("device", "ids_dtype", "w_dtype", "ids_size", "w_size", "pools")
 
     def __init__(
-        self, launch: DirectLaunch, index: int, out_ids: torch.Tensor, out_w: torch.Tensor
+        self,
+        index: int,
+        cols: int,
+        flat: bool,
+        flat_block: int,
+        rows_block: int,
+        out_ids: torch.Tensor,
+        out_w: torch.Tensor,
     ) -> None:
-        self.run, self.function, self.packed = launch.run, launch.function, launch.packed
-        self.grid = (launch.g0, launch.g1, launch.g2)
-        self.tail = launch.tail
-        self.index = index
+        super().__init__(index, cols, flat, flat_block, rows_block, False)
         self.device = out_ids.device
-        self.shape = out_ids.shape
         self.ids_dtype, self.w_dtype = out_ids.dtype, out_w.dtype
         self.ids_size, self.w_size = out_ids.element_size(), out_w.element_size()
-        numel = out_ids.numel()
-        # Slab row lengths in elements, rounded up to 16 bytes.
-        self.ids_row = -(-numel * self.ids_size // 16) * 16 // self.ids_size
-        self.w_row = -(-numel * self.w_size // 16) * 16 // self.w_size
-        widest = max(self.ids_row * self.ids_size, self.w_row * self.w_size, 16)
-        self.batch_max = min(SLAB_PAIRS_MAX, SLAB_BYTES // widest)
-        self.batch = 2
-        self.pools: dict[int, list[tuple]] = {}
+        # Per stream: [row count, premade pairs, pairs of the next slab]
+        self.pools: dict[int, list] = {}
 
-    def __call__(self, p_ids: int, p_w: int, p_count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, entry: tuple[int, tuple], rows: int, p_ids: int, p_w: int, p_count: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         index = self.index
         if _current_device() != index:
             with torch.cuda.device(index):
-                return self._launch(_current_raw_stream(index), p_ids, p_w, p_count)
-        return self._launch(_current_raw_stream(index), p_ids, p_w, p_count)
+                return self._launch(entry, rows, _current_raw_stream(index), p_ids, p_w, p_count)
+        return self._launch(entry, rows, _current_raw_stream(index), p_ids, p_w, p_count)
 
     def _launch(
-        self, stream: int, p_ids: int, p_w: int, p_count: int
+        self, entry: tuple[int, tuple], rows: int, stream: int, p_ids: int, p_w: int, p_count: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         pool = self.pools.get(stream)
-        if pool and not _capturing():
+        if pool is not None and pool[0] == rows and pool[1] and not _capturing():
             try:
-                out_ids, out_w, p_out_ids, p_out_w = pool.pop()
+                out_ids, out_w, p_out_ids, p_out_w = pool[1].pop()
             except IndexError:  # another host thread took the last pair
-                out_ids, out_w, p_out_ids, p_out_w = self._outputs(stream)
+                out_ids, out_w, p_out_ids, p_out_w = self._outputs(stream, rows)
         else:
-            out_ids, out_w, p_out_ids, p_out_w = self._outputs(stream)
-        g0, g1, g2 = self.grid
-        self.run(
-            g0, g1, g2, stream, self.function, self.packed, None, None, None,
-            p_ids, p_w, p_count, p_out_ids, p_out_w, *self.tail,
+            out_ids, out_w, p_out_ids, p_out_w = self._outputs(stream, rows)
+        grid, (run, function, packed, tail) = entry
+        run(
+            grid, 1, 1, stream, function, packed, None, None, None,
+            p_ids, p_w, p_count, p_out_ids, p_out_w, rows, *tail,
         )  # fmt: skip
         return out_ids, out_w
 
-    def _outputs(self, stream: int) -> tuple:
-        """One output pair, from a new slab when the signature's outputs are small and
-        the stream is not being captured; else two plain allocations."""
+    def _outputs(self, stream: int, rows: int) -> tuple:
+        """One output pair of ``rows`` rows: from a new slab when the stream's last call
+        had the same row count, the outputs are small and the stream is not being
+        captured; else two plain allocations."""
+        if not _capturing():
+            pool = self.pools.get(stream)
+            if pool is not None and pool[0] == rows:
+                pair = self._refill(stream, pool)
+                if pair is not None:
+                    return pair
+            else:
+                self.pools[stream] = [rows, [], 2]
+        shape = (rows, self.cols)
+        out_ids = torch.empty(shape, dtype=self.ids_dtype, device=self.device)
+        out_w = torch.empty(shape, dtype=self.w_dtype, device=self.device)
+        return out_ids, out_w, out_ids.data_ptr(), out_w.data_ptr()
+
+    def _refill(self, stream: int, pool: list) -> tuple | None:
+        """Make a slab of ``pool``'s row count, keep its pairs in ``pool`` and return its
+        first; None when two pairs do not fit in a slab."""
+        rows, cols = pool[0], self.cols
+        numel = rows * cols
+        # Slab row lengths in elements, rounded up to 16 bytes.
+        ids_row = -(-numel * self.ids_size // 16) * 16 // self.ids_size
+        w_row = -(-numel * self.w_size // 16) * 16 // self.w_size
+        widest = max(ids_row * self.ids_size, w_row * self.w_size, 16)
+        most = min(SLAB_PAIRS_MAX, SLAB_BYTES // widest)
+        if most < 2:
+            return None
+        n = min(pool[2], most)
+        pool[2] = min(2 * n, most)
         device = self.device
-        if self.batch_max < 2 or _capturing():
-            out_ids = torch.empty(self.shape, dtype=self.ids_dtype, device=device)
-            out_w = torch.empty(self.shape, dtype=self.w_dtype, device=device)
-            return out_ids, out_w, out_ids.data_ptr(), out_w.data_ptr()
-        n = self.batch
-        self.batch = min(2 * n, self.batch_max)
-        rows, cols = self.shape
-        pairs = []
-        for dtype, row in ((self.ids_dtype, self.ids_row), (self.w_dtype, self.w_row)):
+        made = []
+        for dtype, row in ((self.ids_dtype, ids_row), (self.w_dtype, w_row)):
             slab = torch.empty(n * row, dtype=dtype, device=device)
             views = slab.as_strided((n, rows, cols), (row, cols, 1)).unbind(0)
-            pairs.append((views, slab.data_ptr(), row * slab.element_size()))
-        (ids_views, ids_base, ids_step), (w_views, w_base, w_step) = pairs
+            made.append((views, slab.data_ptr(), row * slab.element_size()))
+        (ids_views, ids_base, ids_step), (w_views, w_base, w_step) = made
         # Popped from the end: the first pair of the slab is handed out first.
-        pool = [
+        pairs = [
             (ids_views[i], w_views[i], ids_base + i * ids_step, w_base + i * w_step)
             for i in range(n - 1, -1, -1)
         ]
-        first = pool.pop()
+        first = pairs.pop()
+        pool[1] = pairs
         with _POOLED_LOCK:
-            self.pools[stream] = pool
             _POOLED.pop(self, None)
             _POOLED[self] = None
             while len(_POOLED) > POOLED_PROGRAMS:
@@ -701,6 +862,33 @@ def bounded_put(cache: dict, key: object, value: object, limit: int = 1024) -> N
     (a server sees few signatures; this only bounds a pathological caller)."""
     if len(cache) >= limit:
         cache.clear()
+    cache[key] = value
+
+
+# Stamps of use for caches of direct programs that drop the least recently used.
+_USES = itertools.count()
+
+
+def use_stamp() -> int:
+    """A stamp later than every earlier one (thread-safe): a hit sets its program's
+    ``used`` to it, so :func:`lru_put` knows which programs were used longest ago."""
+    return next(_USES)
+
+
+def lru_put(cache: dict, key: object, value: object, limit: int) -> None:
+    """``cache[key] = value`` for a cache of direct programs (each value a
+    :class:`DirectProgram`, or a tuple whose first item is one): when the cache holds
+    ``limit`` entries, the half whose programs were used longest ago (their ``used``
+    stamps, set by hits) are dropped first."""
+    if len(cache) >= limit:
+
+        def stamp(item: tuple) -> int:
+            found = item[1]
+            return (found[0] if isinstance(found, tuple) else found).used
+
+        for old, _ in sorted(cache.items(), key=stamp)[: len(cache) - limit // 2]:
+            cache.pop(old, None)
+    (value[0] if isinstance(value, tuple) else value).used = next(_USES)
     cache[key] = value
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import pytest
 import sglang_amd_moe.kernels.utils as utils
@@ -347,6 +348,13 @@ def test_amd_key_separates_buffers_past_two_gib(monkeypatch, straight_line: bool
 
 
 # --------------------------------------------------------------- direct programs (lean path)
+class _Spec(NamedTuple):
+    """The stand-in for a compiled kernel's function handle: which kernel, which constants."""
+
+    kernel: object
+    meta: dict
+
+
 class _Recorder:
     """Stands in for compiled kernels' launchers: records every direct launch."""
 
@@ -374,7 +382,9 @@ def direct(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
         monkeypatch.setattr(utils, "_current_raw_stream", lambda index: STREAM)
         monkeypatch.setattr(utils, "_capturing", lambda: False)
     monkeypatch.setattr(
-        utils.KernelLauncher, "handle", lambda self, args: (recorder.run, "function", "packed")
+        utils.KernelLauncher,
+        "handle",
+        lambda self, args: (recorder.run, _Spec(self.kernel, self.meta), "packed"),
     )
     monkeypatch.setattr(
         utils,
@@ -449,7 +459,8 @@ def test_mask_second_call_launches_directly_with_integer_pointers(direct, monkey
     (call,) = direct.calls
     grid, block_m, block_k = mask_launch_config(40, 11, True)
     stream = STREAM if DEV == "cpu" else torch.cuda.current_stream().cuda_stream
-    assert call[:9] == (grid, 1, 1, stream, "function", "packed", None, None, None)
+    assert call[:4] == (grid, 1, 1, stream) and call[5:9] == ("packed", None, None, None)
+    assert call[4].kernel is _mask_padded_rows_kernel
     assert call[9:12] == (ids2.data_ptr(), w2.data_ptr(), count2.data_ptr())
     assert call[12:17] == (40, 11, 11, 11, 0)  # rows, cols, row strides, fill value
     assert call[17:19] == (block_m, block_k)
@@ -549,11 +560,18 @@ def _spans_disjoint(tensors: list[torch.Tensor]) -> bool:
     return all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
 
 
+def _stream_pool(program: utils.PairProgram) -> list:
+    """The program's pool on the one stream the direct tests use."""
+    (pool,) = program.pools.values()
+    return pool
+
+
 @pytest.mark.parametrize(("rows", "cols", "id_dtype"), [(1, 9, torch.int32), (5, 3, torch.int64)])
 def test_guard_hits_hand_out_fresh_aligned_outputs(direct, rows, cols, id_dtype) -> None:
-    """Outputs of hits come from slabs: each pair fresh memory (no two live outputs share
-    a byte), contiguous, 16-byte aligned even where a row of the slab is not a multiple
-    of 16 bytes, at the addresses the launch was given; slabs grow 2, 4, 8, 16 pairs."""
+    """Outputs of hits: the first hit at a row count allocates its pair, later ones come
+    from slabs; each pair fresh memory (no two live outputs share a byte), contiguous,
+    16-byte aligned even where a row of the slab is not a multiple of 16 bytes, at the
+    addresses the launch was given; slabs grow 2, 4, 8, 16 pairs."""
     import sglang_amd_moe.kernels.routing_guard as guard_mod
     from sglang_amd_moe.kernels import guard_routing
 
@@ -564,8 +582,9 @@ def test_guard_hits_hand_out_fresh_aligned_outputs(direct, rows, cols, id_dtype)
     outs, batches = [], []
     for _ in range(40):
         outs.append(guard_routing(ids, w, 257))
-        batches.append(program.batch)
-    assert batches[0] == 4 and max(batches) == utils.SLAB_PAIRS_MAX
+        batches.append(_stream_pool(program)[2])
+    assert batches[:2] == [2, 4] and max(batches) == utils.SLAB_PAIRS_MAX
+    assert outs[0][0]._base is None and all(o[0]._base is not None for o in outs[1:])
     assert len(direct.calls) == 40
     for call, (out_ids, out_w) in zip(direct.calls, outs, strict=True):
         for out, like in ((out_ids, ids), (out_w, w)):
@@ -578,7 +597,7 @@ def test_guard_hits_hand_out_fresh_aligned_outputs(direct, rows, cols, id_dtype)
 
 def test_guard_outputs_under_capture_and_large_ones_are_allocated_each(direct, monkeypatch):
     """While the stream is being captured a hit allocates its outputs (from the graph's
-    pool) and leaves the slabs alone; outputs past the slab size are allocated each call."""
+    pool) and leaves the slabs alone; outputs past half a slab are allocated each call."""
     import sglang_amd_moe.kernels.routing_guard as guard_mod
     from sglang_amd_moe.kernels import guard_routing
 
@@ -586,31 +605,32 @@ def test_guard_outputs_under_capture_and_large_ones_are_allocated_each(direct, m
     w = torch.rand(4, 8, device=DEV)
     guard_routing(ids, w, 257)
     (program,) = guard_mod._DIRECT.values()
+    guard_routing(ids, w, 257)  # the first hit at 4 rows: allocated
     guard_routing(ids, w, 257)  # makes a slab of 2 pairs, hands out one
     monkeypatch.setattr(utils, "_capturing", lambda: True)
     captured = [guard_routing(ids, w, 257) for _ in range(3)]
     assert all(t._base is None for pair in captured for t in pair)
-    assert [len(pool) for pool in program.pools.values()] == [1]
+    assert [(pool[0], len(pool[1])) for pool in program.pools.values()] == [(4, 1)]
     monkeypatch.setattr(utils, "_capturing", lambda: False)
     monkeypatch.setattr(utils, "SLAB_BYTES", 2 * 3 * 8 * 4 - 1)  # under 2 rows of [3, 8]
-    guard_routing(ids[:3], w[:3], 257)
-    big = [guard_routing(ids[:3], w[:3], 257) for _ in range(3)]
+    big = [guard_routing(ids[:3], w[:3], 257) for _ in range(4)]  # a hit at 3 rows
     assert all(t._base is None for pair in big for t in pair)
-    assert len(direct.calls) == 3 + 1 + 3
+    assert [(pool[0], len(pool[1])) for pool in program.pools.values()] == [(3, 0)]
+    assert len(guard_mod._DIRECT) == 1 and len(direct.calls) == 2 + 3 + 4
 
 
 def test_guard_slabs_are_kept_for_the_last_signatures_only(direct) -> None:
     import sglang_amd_moe.kernels.routing_guard as guard_mod
     from sglang_amd_moe.kernels import guard_routing
 
-    for rows in range(1, utils.POOLED_PROGRAMS + 4):
-        ids = torch.randint(0, 9, (rows, 2), dtype=torch.int32, device=DEV)
-        w = torch.rand(rows, 2, device=DEV)
-        guard_routing(ids, w, 257)
-        guard_routing(ids, w, 257)
+    for cols in range(1, utils.POOLED_PROGRAMS + 4):
+        ids = torch.randint(0, 9, (3, cols), dtype=torch.int32, device=DEV)
+        w = torch.rand(3, cols, device=DEV)
+        for _ in range(3):  # the full path, an allocating hit, a hit from a slab
+            guard_routing(ids, w, 257)
     holding = [p for p in guard_mod._DIRECT.values() if p.pools]
     assert len(holding) == utils.POOLED_PROGRAMS == len(utils._POOLED)
-    assert [p.shape[0] for p in holding] == list(range(4, utils.POOLED_PROGRAMS + 4))
+    assert [p.cols for p in holding] == list(range(4, utils.POOLED_PROGRAMS + 4))
 
 
 def test_sort_second_call_launches_directly_and_hits_still_refuse(direct, monkeypatch) -> None:
@@ -668,3 +688,337 @@ def test_adaptive_second_call_allocates_one_arena(direct) -> None:
         sti.data_ptr(), sei.data_ptr(), nvi.data_ptr(), rev.data_ptr(), sw.data_ptr(),
         m_idx.data_ptr(), moe_buf.data_ptr(),
     )  # fmt: skip
+
+
+# ------------------------------------------------------- one program for every row count
+def _launch_args(call: tuple) -> tuple:
+    """A recorded direct launch: ``(grid, kernel spec, arguments)``."""
+    g0, g1, g2, _stream, spec, _packed, _meta, _enter, _exit, *args = call
+    return (g0, g1, g2), spec, args
+
+
+def _assert_launches_alike(call: tuple, launch: utils.Launch, pointers: int) -> None:
+    """The direct launch ``call`` launches what Triton's path was asked to launch
+    (``launch``, recorded by capture_launches): the same kernel, constants, grid and
+    integer arguments, and the first ``pointers`` pointers."""
+    grid, spec, args = _launch_args(call)
+    assert spec.kernel is launch.kernel and spec.meta == launch.meta
+    assert grid == (*launch.grid, *(1,) * (3 - len(launch.grid)))
+    names = launch.kernel.arg_names
+    want = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in launch.args]
+    want += [launch.meta[n] for n in names if n in launch.meta]
+    tensors = sum(isinstance(a, torch.Tensor) for a in launch.args)
+    assert args[:pointers] == want[:pointers] and args[tensors:] == want[tensors:]
+
+
+def _replay(call: tuple, tensors: list[torch.Tensor]) -> None:
+    """Run a recorded direct launch for real (Triton's interpreter on the CPU), each
+    pointer mapped back to the tensor of ``tensors`` it is the address of."""
+    grid, spec, args = _launch_args(call)
+    params = [n for n in spec.kernel.arg_names if n not in spec.meta]
+    by_address = {t.data_ptr(): t for t in tensors}
+    real = [by_address[a] if n.endswith("_ptr") else a for n, a in zip(params, args, strict=False)]
+    spec.kernel[grid](*real, **spec.meta)
+
+
+def _tile(M: int, K: int, flat: bool) -> tuple:
+    """What a mask/guard program keys its compiled handles on for ``M`` rows: whether
+    there is more than one row (another program) and the launch's constants."""
+    _, block_m, block_k = mask_launch_config(M, K, flat)
+    return M > 1, block_m, block_k
+
+
+def test_rows_program_entry_matches_the_launch_config() -> None:
+    """Every row count takes the grid and the handle of its own constants, on the fast
+    path (a full tile, below the int64 switch) as on the slow one; from 2**31 rows (an
+    int64 M) none."""
+    for flat, int64_strided in ((True, False), (False, False), (False, True)):
+        for cols in (1, 2, 3, 8, 9, 11, 16, 33, 64, 257, 600, 1025):
+            program = utils.RowsProgram(0, cols, flat, 512, 512, int64_strided)
+            edge = -(-(2**31) // cols)  # the fewest rows of 2**31 elements
+            counts = [*range(1, 1100), edge - 1, edge, edge + 1, 2**31 - 1, 2**31, 2**40]
+            for rows in counts:
+                grid, config = program.config(rows)
+                handle = program.handles.setdefault(config, ("run", "function", "packed", config))
+                if config == program.steady_config:
+                    program.steady = handle
+            for rows in counts:
+                entry = program.entry(rows)
+                if rows >= 2**31:
+                    assert entry is None
+                    continue
+                grid, block_m, block_k = utils.rows_launch_config(rows, cols, flat, 512, 512)
+                int64 = (flat or int64_strided) and rows * cols >= 2**31
+                assert entry == (grid, ("run", "function", "packed", (block_m, block_k, int64)))
+
+
+def _mask_case(M: int, K: int, strided: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    width = K + 3 if strided else K
+    ids = torch.randint(-2, 300, (M, width), generator=g, dtype=torch.int32).to(DEV)[:, :K]
+    w = torch.rand(M, width, generator=g).to(DEV)[:, :K]
+    count = torch.tensor([(7 * seed) % (M + 2)], dtype=torch.int32, device=DEV)
+    return ids, w, count
+
+
+# Row counts in the order the tests call them: new ones after hits, alternations, and
+# tiles below a full one (each taking the full path once).
+ROW_COUNTS = [40, 41, 300, 40, 7, 1000, 2, 5, 300, 6, 1, 1, 33, 64, 4, 3, 41, 1000]
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_mask_new_row_counts_hit_and_are_exact(direct, monkeypatch, strided) -> None:
+    """After one call, a call with another row count takes the same direct program
+    (no checks) unless its tile is new; each hit launches exactly what Triton's path
+    would, and run for real it writes what the reference writes."""
+    import sglang_amd_moe.kernels.mask_padded_rows as mask_mod
+    from sglang_amd_moe.kernels import mask_padded_rows_reference_
+
+    checks = _counting(monkeypatch, mask_mod, "check_mask_call")
+    K, tiles, hits = 8, set(), 0
+    for i, M in enumerate(ROW_COUNTS):
+        ids, w, count = _mask_case(M, K, strided, seed=i)
+        want_ids, want_w = ids.clone(), w.clone()
+        mask_padded_rows_reference_(want_ids, want_w, count, 0)
+        done, checked = len(direct.calls), len(checks)
+        mask_padded_rows_(ids, w, count)
+        tile = _tile(M, K, not strided)
+        if tile in tiles:  # a hit: the stand-in recorded the launch; compare, then run it
+            assert len(checks) == checked and len(direct.calls) == done + 1, M
+            with capture_launches() as launches:
+                mask_padded_rows_(ids, w, count)
+            _assert_launches_alike(direct.calls[-1], launches[0], 3)
+            _replay(direct.calls[-1], [ids, w, count])
+            hits += 1
+        else:  # the full path ran the kernel
+            assert len(checks) == checked + 1 and len(direct.calls) == done, M
+            tiles.add(tile)
+        assert torch.equal(ids, want_ids) and torch.equal(w, want_w), M
+    assert len(mask_mod._DIRECT) == 2  # one program for one row, one for more
+    assert hits == len(ROW_COUNTS) - len(tiles) >= 8
+
+
+@pytest.mark.parametrize(("with_count", "strided"), [(True, False), (False, False), (True, True)])
+def test_guard_new_row_counts_hit_and_are_exact(direct, monkeypatch, with_count, strided) -> None:
+    """The guard's program serves every row count: hits at new and alternating row
+    counts launch what Triton's path would, their outputs (allocated, or from a slab
+    while the row count repeats) are fresh, and run for real they hold the reference's."""
+    import sglang_amd_moe.kernels.routing_guard as guard_mod
+    from sglang_amd_moe.kernels import guard_routing, guard_routing_reference
+
+    checks = _counting(monkeypatch, guard_mod, "check_guard_call")
+    K, tiles, kept = 8, set(), []
+    counts = [40, 40, 40, 7, 300, 300, 300, 40, 2, 1, 1, 5, 64, 64, 64, 64, 5, 1000]
+    for i, M in enumerate(counts):
+        ids, w, count = _mask_case(M, K, strided, seed=i)
+        count = count if with_count else None
+        done, checked = len(direct.calls), len(checks)
+        out_ids, out_w = guard_routing(ids, w, 257, count)
+        tile = _tile(M, K, not strided)
+        if tile in tiles:
+            assert len(checks) == checked and len(direct.calls) == done + 1, M
+            with capture_launches() as launches:
+                guard_routing(ids, w, 257, count)
+            _assert_launches_alike(direct.calls[-1], launches[0], 3)
+            _replay(direct.calls[-1], [ids, w, *([count] if with_count else []), out_ids, out_w])
+        else:
+            assert len(checks) == checked + 1 and len(direct.calls) == done, M
+            tiles.add(tile)
+        want_ids, want_w = guard_routing_reference(ids, w, 257, count)
+        assert torch.equal(out_ids, want_ids) and torch.equal(out_w, want_w), M
+        assert out_ids.is_contiguous() and out_w.is_contiguous()
+        kept += [out_ids, out_w]
+    assert len(guard_mod._DIRECT) == 2
+    assert _spans_disjoint(kept)
+    assert any(t._base is not None for t in kept)  # repeated row counts took slabs
+
+
+def test_guard_one_row_and_more_rows_take_their_own_programs(direct) -> None:
+    """One row of a wider buffer is contiguous (the flat launch), more rows with the
+    same row stride are not: each takes its own program, and both are exact. (300
+    columns: a single row fills a flat tile, the tile of every larger count.)"""
+    from sglang_amd_moe.kernels import guard_routing, guard_routing_reference
+
+    ids = torch.randint(-3, 300, (10, 310), dtype=torch.int32, device=DEV)
+    w = torch.rand(10, 310, device=DEV)
+    for rows in (1, 1, 5):
+        out_ids, out_w = guard_routing(ids[:rows, :300], w[:rows, :300], 257)
+        if rows == 1 and direct.calls:
+            _replay(direct.calls[-1], [ids, w, out_ids, out_w])
+        want_ids, want_w = guard_routing_reference(ids[:rows, :300], w[:rows, :300], 257)
+        assert torch.equal(out_ids, want_ids) and torch.equal(out_w, want_w), rows
+    assert len(direct.calls) == 1
+
+
+def _good_rows(M: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A good call's tensors with ``M`` rows, of the same signature as the suites'
+    ``_good()`` (6 rows)."""
+    ids = torch.full((M, 4), 9999, dtype=torch.int32, device=DEV)
+    w = torch.full((M, 4), 5.0, dtype=torch.float32, device=DEV)
+    return ids, w, torch.tensor([0], dtype=torch.int32, device=DEV)
+
+
+def test_mask_hits_at_a_new_row_count_still_refuse(direct) -> None:
+    """With the program made at 5, 8 and 64 rows (the first two of the tile of 6 rows),
+    every bad call of the suite (6 rows) raises what it raises without direct programs,
+    with the same message; and the same addresses that were apart at fewer rows are
+    refused where more rows overlap."""
+    import sglang_amd_moe.kernels.mask_padded_rows as mask_mod
+
+    for M in (5, 8, 64):
+        mask_padded_rows_(*_good_rows(M))
+    assert len(mask_mod._DIRECT) == 1 and len(direct.calls) == 1  # 8 rows: a hit
+    for label, build in _bad_cases():
+        if label in _KEYED_ALIKE_ON_CPU:
+            continue
+
+        def attempt(build=build):
+            ids, w, count = _good()
+            args, exc = build(ids, w, count)
+
+            def unchanged() -> bool:
+                return bool((ids == 9999).all()) and bool((w == 5.0).all())
+
+            return lambda: mask_padded_rows_(*args), exc, unchanged
+
+        _refuses_alike(label, attempt)
+    assert len(direct.calls) == 1
+    # Both row counts take the one handle of full tiles (8 columns: from 33 rows).
+    buf = torch.zeros(200 * 8, dtype=torch.int32, device=DEV)
+    w = torch.zeros(200, 8, device=DEV)
+    count = buf[600:601]  # 2400 bytes in: past 50 rows of ids, inside 150
+    for _ in range(2):  # the full path, then a hit
+        mask_padded_rows_(buf[: 50 * 8].view(50, 8), w[:50], count)
+    assert len(direct.calls) == 2
+    with pytest.raises(ValueError, match="topk_ids and num_token_non_padded overlap in memory"):
+        mask_padded_rows_(buf[: 150 * 8].view(150, 8), w[:150], count)
+    # A single row may have any row stride, 0 too; more rows with it share memory. (512
+    # columns: one row a program, so every row count takes one handle.)
+    row = torch.zeros(512, dtype=torch.int32, device=DEV)
+    w = torch.zeros(6, 512, device=DEV)
+    for _ in range(2):
+        mask_padded_rows_(row.as_strided((1, 512), (0, 1)), w[:1], _good()[2])
+    assert len(direct.calls) == 3
+    with pytest.raises(ValueError, match="topk_ids has rows that share memory"):
+        mask_padded_rows_(row.as_strided((6, 512), (0, 1)), w, _good()[2])
+    assert len(direct.calls) == 3
+
+
+def test_guard_hits_at_a_new_row_count_still_refuse(direct) -> None:
+    from sglang_amd_moe.kernels import guard_routing
+
+    keyed_alike = {"weights on another device"} | _KEYED_ALIKE_ON_CPU if DEV == "cpu" else set()
+    for M in (5, 8, 64):  # 5 and 8: the tile of the suite's 6 rows
+        ids, w, _ = _good_rows(M)
+        guard_routing(ids, w, 257, guard_good()[2])
+    assert len(direct.calls) == 1  # 8 rows: a hit
+    for label, build in guard_bad_cases():
+        if label in keyed_alike:
+            continue
+
+        def attempt(build=build):
+            args, exc, _ = build(*guard_good())
+            return lambda: guard_routing(*args), exc, None
+
+        _refuses_alike(label, attempt)
+    assert len(direct.calls) == 1
+
+
+def _record_tritons_path(monkeypatch: pytest.MonkeyPatch) -> list:
+    """From here, launches through Triton's path are recorded, not run (for tensors on
+    the meta device, which have no memory): ``(grid, constants)`` each."""
+    recorded: list = []
+    original = utils.KernelLauncher.__call__
+
+    def record(self: utils.KernelLauncher, grid: tuple, *args: object) -> None:
+        if utils._CAPTURED.get() is not None:  # inside capture_launches: recorded there
+            original(self, grid, *args)
+        else:
+            recorded.append((grid, self.meta))
+
+    monkeypatch.setattr(utils.KernelLauncher, "__call__", record)
+    return recorded
+
+
+def test_int64_offsets_are_not_served_by_an_int32_program(direct, monkeypatch) -> None:
+    """At 2**31 elements the kernels switch to int64 offsets (other constants, another
+    compiled kernel): a hit there never takes the handle made for fewer elements, nor
+    the reverse; from 2**31 rows (an int64 M to Triton) every call takes Triton's path.
+    Tensors on the meta device stand for the large ones."""
+    from sglang_amd_moe.kernels import guard_routing
+
+    recorded = _record_tritons_path(monkeypatch)
+    K = 8
+    edge = 2**31 // K  # rows * K == 2**31
+
+    def guard(rows: int) -> None:
+        ids = torch.empty(rows, K, dtype=torch.int32, device=META)
+        guard_routing(ids, torch.empty(rows, K, device=META), 257)
+
+    def int64_of_last_hit() -> bool:
+        return direct.calls[-1][4].meta["INT64_OFFSETS"]
+
+    guard(64)  # the full path: the program and its handle for a full tile
+    assert [meta["INT64_OFFSETS"] for _, meta in recorded] == [False] and not direct.calls
+    guard(edge - 1)
+    assert len(recorded) == 1 and int64_of_last_hit() is False
+    guard(edge)  # the first call past the switch: Triton's path
+    assert [meta["INT64_OFFSETS"] for _, meta in recorded] == [False, True]
+    assert recorded[-1][0] == (edge * K // 512,) and len(direct.calls) == 1
+    for rows in (edge, edge + 5, edge - 1, edge + 1):
+        guard(rows)
+        assert int64_of_last_hit() is (rows >= edge)
+    assert len(recorded) == 2
+    guard(2**31)  # M itself past int32: never a hit
+    guard(2**31)
+    assert len(recorded) == 4 and len(direct.calls) == 5
+
+    # The mask (whose strided path switches too): a hit needs real addresses to tell
+    # its spans apart, so its program is asked directly.
+    import sglang_amd_moe.kernels.mask_padded_rows as mask_mod
+
+    for strided in (False, True):
+        mask_mod._DIRECT.clear()
+        recorded.clear()
+
+        def mask(rows: int, strided: bool = strided) -> None:
+            width = K + 3 if strided else K
+            ids = torch.empty(rows, width, dtype=torch.int32, device=META)[:, :K]
+            w = torch.empty(rows, width, device=META)[:, :K]
+            mask_padded_rows_(ids, w, torch.empty(1, dtype=torch.int32, device=META))
+
+        mask(1000)
+        (program,) = mask_mod._DIRECT.values()
+        assert program.entry(edge - 1)[1][1].meta["INT64_OFFSETS"] is False
+        assert program.entry(edge) is None
+        mask(edge)
+        assert [meta["INT64_OFFSETS"] for _, meta in recorded] == [False, True]
+        assert program.entry(edge)[1][1].meta["INT64_OFFSETS"] is True
+        assert program.entry(edge - 1)[1][1].meta["INT64_OFFSETS"] is False
+        assert program.entry(2**31) is None
+
+
+def test_sort_programs_are_kept_least_recently_used_first(direct, monkeypatch) -> None:
+    """The sort keeps one program per row count, at most SORT_PROGRAMS: when full, the
+    half used longest ago go, and a row count dropped takes the full path again."""
+    import sglang_amd_moe.kernels.moe_sort as sort_mod
+
+    monkeypatch.setattr(sort_mod, "SORT_PROGRAMS", 4)
+    checks = _counting(monkeypatch, sort_mod, "check_sort_args")
+    NE, K, MB = 257, 9, 16
+
+    def sort(M: int) -> None:
+        ids, w = _routing(M, NE, K, None, seed=M)
+        mxfp4_moe_sort(
+            topk_ids=ids, topk_weight=w, **_outputs(M, NE, K, MB), M_logical=M, NE=NE, TOPK=K,
+            D_HIDDEN=0, D_INTER=1, MB=MB, prologue=0, num_local_tokens=_count(M - 1),
+        )  # fmt: skip
+
+    for M in (1, 2, 3, 4, 1):  # the last call is a hit: 1 is used last
+        sort(M)
+    assert len(checks) == 4 and len(direct.calls) == sort_plan(1, NE, K, 0, MB).launches
+    sort(5)  # the cache is full: 2 and 3, used longest ago, go
+    assert sorted(key[0] for key in sort_mod._DIRECT) == [1, 4, 5]
+    sort(4)
+    sort(2)
+    assert len(checks) == 6 and sorted(key[0] for key in sort_mod._DIRECT) == [1, 2, 4, 5]

@@ -521,6 +521,40 @@ def test_direct_programs_on_the_gpu():
         _call_sort(mxfp4_moe_sort, ids, w, out, 64, 513, 11, 32, None)
 
 
+def test_direct_programs_across_row_counts():
+    """Prefill's pattern: the row count changes from forward to forward, each count
+    called several times (its MoE layers). The mask and the guard take one direct
+    program for every count (after the first call, no other program is made), every
+    result is the reference's, and the guard's outputs kept from all calls, some
+    allocated and some from slabs, still hold their own results at the end."""
+    from sglang_amd_moe.kernels import mask_padded_rows as mask_mod
+    from sglang_amd_moe.kernels import routing_guard as guard_mod
+
+    mask_mod._DIRECT.clear()
+    guard_mod._DIRECT.clear()
+    counts = [300, 7, 4096, 300, 2, 1000, 33, 7, 4095, 64, 1, 513, 3000]
+    kept = []
+    for i, M in enumerate(counts):
+        for layer in range(3):
+            seed = 1000 + 10 * i + layer
+            _check_mask(M, 9, (M * layer) // 2, torch.int32, torch.bfloat16, seed=seed)
+            ids, w = _guard_inputs(M, 9, torch.int64, torch.float32, seed)
+            count = torch.tensor([M - layer], dtype=torch.int32, device=DEV)
+            kept.append((ids, w, count, guard_routing(ids, w, E_GUARD, count)))
+    assert len(mask_mod._DIRECT) == len(guard_mod._DIRECT) == 2  # one row; more rows
+    torch.cuda.synchronize()
+    spans = []
+    for ids, w, count, (out_ids, out_w) in kept:
+        want_ids, want_w = guard_routing_reference(ids, w, E_GUARD, count)
+        assert torch.equal(out_ids, want_ids) and torch.equal(bits(out_w), bits(want_w))
+        spans += [
+            (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in (out_ids, out_w)
+        ]
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert any(out[0]._base is not None for *_, out in kept)  # some came from slabs
+
+
 def test_guard_slab_outputs_each_keep_their_own_call():
     """Hits hand out outputs carved from slabs: every output kept from 40 calls on two
     streams, with new inputs each time, still holds its own call's result at the end
