@@ -276,7 +276,10 @@ def server_env(run: Run, base: dict[str, str], site_dir: Path, record_dir: Path)
     return env
 
 
-_PORTS = iter(range(31000, 40000, 37))
+# Each process walks the range from its own start (from its pid), so processes picking
+# ports side by side (the test suite's parallel workers) do not pick the same one.
+_START = 31000 + 37 * (os.getpid() % 200)
+_PORTS = iter([*range(_START, 40000, 37), *range(31000, _START, 37)])
 
 
 def free_port() -> int:

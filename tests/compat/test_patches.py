@@ -10,14 +10,13 @@ are installed, because those are what users run; the package's own applier
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import releases
+from sglang_release_support import driven, release_group
 
 from sglang_amd_moe.diagnostics import patching
 from sglang_amd_moe.runtime.sglang import ledger
@@ -135,95 +134,15 @@ def test_patch_headers_say_what_users_need() -> None:
             assert f"+        # Patched by sglang-amd-moe ({name})" in text, name
 
 
-# The patched file as the real release's topk module: a finder serves the patched text
-# for `sglang.srt.layers.moe.topk`, so every import of it (the package's own included)
-# gets it; then the HIP branch is driven on the CPU, EPLB off and on, and with aiter's
-# shared-expert append (a Triton kernel, interpreted).
-RUNNER = r"""
-import dataclasses, importlib.abc, importlib.util, json, sys
-PATCHED = sys.argv[1]
-NAME = "sglang.srt.layers.moe.topk"
-
-class Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        return importlib.util.spec_from_file_location(name, PATCHED) if name == NAME else None
-
-sys.meta_path.insert(0, Finder())
-import torch
-try:
-    import sglang.srt.layers.moe.topk as tk
-except Exception as exc:  # 0.5.10 needs sgl_kernel's CUDA libraries to import topk
-    print("IMPORT_ERROR " + json.dumps(f"{type(exc).__name__}: {exc}"))
-    raise SystemExit(0)
-assert tk.__file__ == PATCHED, tk.__file__
-tk._is_hip, tk._is_cuda = True, False
-M, N, K, E, SHIFT = 8, 5, 4, 16, 5
-gen = torch.Generator().manual_seed(7)
-real_ids = torch.randint(0, E, (N, K), generator=gen, dtype=torch.int32)
-real_w = torch.rand((N, K), generator=gen)
-pad_ids = torch.tensor(
-    [[9999, -1, 16, 123456], [-1, -1, -1, -1], [16, 17, 9999, -5]], dtype=torch.int32
-)
-logits = torch.randn((M, E), generator=gen)
-perm = (torch.arange(E, dtype=torch.int32) + SHIFT) % E
-
-def cfg(**kw):
-    names = {f.name for f in dataclasses.fields(tk.TopKConfig)}
-    return tk.TopKConfig(top_k=K, **{k: v for k, v in kw.items() if k in names})
-
-def call(info, config=None):
-    ids = torch.cat([real_ids, pad_ids])
-    w = torch.cat([real_w, torch.full((M - N, K), float("nan"))])
-    out = tk._post_process_topk_ids(topk_ids=ids, topk_weights=w, topk_config=config or cfg(),
-        router_logits=logits, layer_id=0, num_token_non_padded=torch.tensor([N], dtype=torch.int32),
-        expert_location_dispatch_info=info)
-    w = [[None if x != x else x for x in r] for r in out[1].tolist()]
-    return {"ids": out[0].tolist(), "w": w}
-
-res = {"real_ids": real_ids.tolist(), "real_w": real_w.tolist(), "perm": perm.tolist()}
-res["off"] = call(None)
-
-from sglang.srt.eplb import expert_location as el
-from sglang.srt.eplb.expert_location_dispatch import ExpertLocationDispatchInfo
-from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-set_global_server_args_for_scheduler(
-    ServerArgs(model_path="dummy", enable_eplb=True, ep_dispatch_algorithm="static")
-)
-inv = torch.argsort(perm).to(torch.int32)
-all_phys = torch.full((1, E, E), -1, dtype=torch.int32)
-all_phys[0, :, 0] = perm
-fields = {f.name for f in dataclasses.fields(el.ExpertLocationMetadata)}
-kw = dict(physical_to_logical_map=inv[None, :].clone(),
-          physical_to_logical_map_cpu=inv[None, :].clone(),
-          logical_to_all_physical_map=all_phys.clone(),
-          logical_to_all_physical_map_cpu=all_phys.clone(),
-          logical_to_all_physical_map_num_valid=torch.ones((1, E), dtype=torch.int64), ep_size=1,
-          logical_to_rank_dispatch_physical_map=perm[None, :].clone())
-meta = el.ExpertLocationMetadata(**{k: v for k, v in kw.items() if k in fields})
-try:
-    el.set_global_expert_location_metadata(meta, allow_overwrite=True)
-except TypeError:
-    el.set_global_expert_location_metadata(meta)
-res["on"] = call(ExpertLocationDispatchInfo.init_new(layer_id=0))
-set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
-
-names = {f.name for f in dataclasses.fields(tk.TopKConfig)}
-if "num_fused_shared_experts" in names:
-    shared = tk.TopKConfig(top_k=K + 1, num_fused_shared_experts=1)
-else:
-    from sglang.srt.configs.shared_experts import SharedExpertsConfig
-    shared = tk.TopKConfig(
-        top_k=K + 1, shared_experts=SharedExpertsConfig(num_fused_shared_experts=1)
-    )
-tk._use_aiter = True
-res["append"] = call(None, shared)
-print("RESULT " + json.dumps(res))
-"""
-
-# One release of each broken form that `make test` builds (ci=True), and any other
-# broken-form environment that happens to be built.
+# The release with its shipped patch applied, as a phase of its bare driver run
+# (tests/sglang/driver.py, ``patched_phase``): the patched file is served as the real
+# release's topk module, so every import of it (the package's own included) gets it;
+# then the HIP branch is driven on the CPU, EPLB off and on, and with aiter's
+# shared-expert append (a Triton kernel, interpreted). One release of each broken form
+# that `make test` builds (ci=True), and any other broken-form environment that happens
+# to be built.
 BEHAVIOUR = [
-    pytest.param(rel.label, id=rel.label)
+    pytest.param(rel.label, id=rel.label, marks=release_group(rel.label))
     for rel in releases.RELEASES
     if rel.expected_form in PATCHED_FORMS
 ]
@@ -231,7 +150,9 @@ BEHAVIOUR = [
 
 @pytest.mark.sglang
 @pytest.mark.parametrize("label", BEHAVIOUR)
-def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_path: Path) -> None:
+def test_patched_release_behaves_fixed(
+    label: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     rel = releases.BY_LABEL[label]
     if not rel.is_built():
         if rel.ci:
@@ -239,32 +160,16 @@ def test_patched_release_behaves_fixed(label: str, sources: dict[str, str], tmp_
                 f"{label} is a CI release but its environment is not built (make test builds it)"
             )
         pytest.skip(f"{label}: environment not built (make compat builds it)")
-    form = rel.expected_form
-    fixed = patching.apply_text(
-        sources[label], patching.read_patch(patching.patch_for("sglang", form))
-    )
-    patched = tmp_path / "topk.py"
-    patched.write_text(fixed)
-    proc = subprocess.run(
-        [str(rel.python), "-c", RUNNER, str(patched)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        cwd=tmp_path,
-    )
-    err = next((ln for ln in proc.stdout.splitlines() if ln.startswith("IMPORT_ERROR ")), None)
+    run = driven(rel, tmp_path_factory)["bare"]["patched"]
+    assert run["errors"] == [], run["errors"]
+    err = run.get("import_error")
     if err is not None:
         # Only acceptable where the plugin has no loader anyway (0.5.10); the same patch
         # text is exercised on the other releases of its form.
         if rel.has_plugin_loader:
             pytest.fail(f"{label}: topk does not import: {err}")
-        pytest.skip(
-            f"{label}: sglang.srt.layers.moe.topk does not import on this machine: {err[13:]}"
-        )
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line is not None, proc.stdout[-3000:] + proc.stderr[-5000:]
-    res = json.loads(line[len("RESULT ") :])
+        pytest.skip(f"{label}: sglang.srt.layers.moe.topk does not import on this machine: {err}")
+    res = run
     real_ids, real_w, perm = res["real_ids"], res["real_w"], res["perm"]
     n = len(real_ids)
     e = len(perm)

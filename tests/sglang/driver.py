@@ -1,15 +1,24 @@
 """Drive one real SGLang release's ``_post_process_topk_ids``; run in that release's venv.
 
-Usage: ``python driver.py MODE OUT.json`` with MODE one of
+Usage: ``python driver.py MODE OUT.json [OPTION ...]`` with MODE one of
 
 * ``bare``: the release as installed (no plugin loaded): padded-row garbage per form,
   EPLB on and off; then a broken upstream (the function deleted) while the real
   ``load_plugins()`` (or ``register()`` where there is no loader) runs, which must log
   and not raise; then, with the function restored, ``SGLANG_AMD_MOE_VERIFY=1`` checks.
+  Its options add phases to the same process, so that one process per release does what
+  would otherwise take one each (importing SGLang costs seconds of CPU per process):
+  ``--log-module M`` first, a process of SGLang's starting (:func:`log_phase`);
+  ``--unknown`` next, the ``unknown`` mode below; ``--patched FILE`` last, the release
+  with a shipped patch applied (:func:`patched_phase`). Between phases
+  :func:`fresh_topk` puts the process back to one that has imported neither topk nor
+  this package's hook; each phase's results and log records are its own.
 * ``plugin``: a fresh process whose first act is the real ``load_plugins()`` (this
   package's real entry point, discovered from its installed metadata; the caller sets
   ``SGLANG_AMD_MOE_FORCE=1``), then the same calls, then loading again.
 * ``unknown``: the release's own function with its padded-weight zeroing removed.
+* ``log``: only :func:`log_phase` (``--log-module M``), for processes of SGLang's
+  other than the scheduler.
 
 Nothing is faked: the topk module's own ``_is_hip``/``_is_cuda`` flags are set to take
 the HIP branch on this CPU, server args are published with the release's own
@@ -24,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.abc
+import importlib.util
 import inspect
 import json
 import logging
@@ -572,46 +583,202 @@ def unknown_form(tk: Any, batch: Batch, result: dict, workdir: str) -> None:
     result["hooked_unpadded"] = batch.call(None, padded=False)
 
 
-def run(mode: str, workdir: str) -> DriverResult:
-    """One driver run (see the module docstring); never raises (errors are recorded)."""
-    t0 = time.perf_counter()
-    logs = collect_logs()
-    result: dict = {"mode": mode, "timings": {}, "errors": []}
-    try:
-        if mode == "unknown" and plugin_loader() is not None:
-            whitelist_excludes_us(result)
-        if mode == "plugin":
-            load(result, "load_plugins_1")  # first thing in a fresh process, as a server does
-        tk = import_topk(result)
-        if tk is not None:
-            take_hip_branch(tk)  # take the HIP branch on this CPU
-            from sglang_amd_moe.runtime.sglang import hook
+# --------------------------------------------------------------------- more phases
 
-            result["topk_file"] = tk.__file__
-            result["function_is_wrapped"] = hasattr(tk._post_process_topk_ids, "__wrapped__")
-            result["is_live"] = hook.is_live()
-            batch = Batch.make(tk)
-            result["real_ids"] = batch.real_ids.tolist()
-            result["perm"] = batch.perm.tolist()
-            result["pad_ids"] = PAD_IDS
-            if mode == "unknown":
-                unknown_form(tk, batch, result, workdir)
-            else:
-                behaviour(tk, batch, result)
-                if mode == "plugin":
-                    not_hip_and_reload(tk, batch, result)
-                if mode == "bare":
-                    broken_upstream_and_verify(tk, batch, result)
+LOG_BEGIN = "=== driver: log phase begins ==="
+LOG_END = "=== driver: log phase ends ==="
+AFTER = "after SGLang configured logging"
+
+
+def log_phase(module: str, result: dict) -> None:
+    """A process of SGLang's as it starts, for the plugin's one log line: the module that
+    process runs imported first, then the real ``load_plugins()`` twice (SGLang's loader
+    is idempotent; so must the line be), with no ``SGLANG_AMD_MOE_*`` variable; then
+    logging configured the way SGLang's ``configure_logger()`` does next, and one more
+    record. First in a fresh process: it is about the logging state SGLang leaves, which
+    nothing before it may touch. What it writes to stderr lies between ``LOG_BEGIN`` and
+    ``LOG_END`` (the test counts the lines there)."""
+    print(LOG_BEGIN, file=sys.stderr, flush=True)
+    try:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            result["log_not_importable"] = f"{type(exc).__name__}: {exc}"
+            return
+        root = logging.getLogger()
+        result["log_root"] = (
+            f"{len(root.handlers)} handler(s) at {logging.getLevelName(root.level)}"
+        )
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+        load_plugins()
+        logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
+        logging.getLogger("sglang_amd_moe").info(AFTER)
+    finally:
+        print(LOG_END, file=sys.stderr, flush=True)
+
+
+def loader_again() -> None:
+    """Let SGLang's once-per-process ``load_plugins()`` run the plugins again."""
+    plugins = plugin_loader()
+    if plugins is not None and hasattr(plugins, "_plugins_loaded"):
+        plugins._plugins_loaded = False
+
+
+def fresh_topk() -> None:
+    """Back to a process that has imported neither the topk module nor this package's
+    SGLang hook: the hook uninstalled, topk forgotten (the next import executes it anew),
+    SGLang's hook registry emptied and its loader ready to run again, no switch set."""
+    from sglang_amd_moe.runtime.sglang import hook
+
+    hook.uninstall()
+    sys.modules.pop(TOPK_MODULE, None)
+    if plugin_loader() is not None:
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        HookRegistry.reset()
+    loader_again()
+    for var in ("SGLANG_AMD_MOE_FORCE", "SGLANG_AMD_MOE_VERIFY", "SGLANG_PLUGINS"):
+        os.environ.pop(var, None)
+
+
+class _ServeFile(importlib.abc.MetaPathFinder):
+    """Serves one file as the topk module: every import of it gets that file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != TOPK_MODULE:
+            return None
+        return importlib.util.spec_from_file_location(name, self.path)
+
+
+def patched_phase(path: str) -> dict:
+    """The release with a shipped patch applied (``path``: its patched topk.py, served as
+    the release's topk module), without the plugin: the HIP branch EPLB off (no server
+    arguments published, as before a server starts) and on (the release's own metadata
+    and dispatch info), and aiter's shared-expert append (a Triton kernel, interpreted).
+    Weights come back with ``None`` for NaN."""
+    from sglang.srt import server_args
+
+    if hasattr(server_args, "_global_server_args"):  # None until a server publishes them
+        server_args.set_global_server_args_for_scheduler(None)
+    finder = _ServeFile(path)
+    sys.meta_path.insert(0, finder)
+    try:
+        try:
+            tk = importlib.import_module(TOPK_MODULE)
+        except Exception as exc:  # 0.5.10 needs sgl_kernel's CUDA libraries to import topk
+            return {"import_error": f"{type(exc).__name__}: {exc}"}
+        if tk.__file__ != path:
+            raise AssertionError(f"topk came from {tk.__file__}, not {path}")
+        take_hip_branch(tk)
+        batch = Batch.make(tk)
+
+        def plain(out: CallResult | dict) -> dict:
+            w = [[None if x == "nan" else x for x in row] for row in out["w"]]
+            return {"ids": out["ids"], "w": w}
+
+        res: dict = {
+            "real_ids": batch.real_ids.tolist(),
+            "real_w": batch.real_w.tolist(),
+            "perm": batch.perm.tolist(),
+        }
+        res["off"] = plain(batch.call(None))
+        eplb = Eplb(batch)
+        eplb.publish(enable_eplb=True, ep_dispatch_algorithm="static")
+        res["on"] = plain(batch.call(eplb.info()))
+        eplb.publish()
+        res["append"] = plain(shared_append(batch))
+        return res
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def phase(logs: Collect, body: Callable[[dict], None]) -> dict:
+    """Run ``body`` on a result of its own: its timings, errors and log records."""
+    t0 = time.perf_counter()
+    first = len(logs.records)
+    result: dict = {"timings": {}, "errors": []}
+    try:
+        body(result)
     except BaseException as exc:
         result["errors"].append(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-    result["logs"] = logs.records
+    result["logs"] = logs.records[first:]
+    result["timings"]["total"] = round(time.perf_counter() - t0, 2)
+    return result
+
+
+def drive(mode: str, result: dict, workdir: str) -> None:
+    """The calls of one mode (see the module docstring) on the topk module as it is now."""
+    if mode == "unknown" and plugin_loader() is not None:
+        whitelist_excludes_us(result)
+    if mode == "plugin":
+        load(result, "load_plugins_1")  # first thing in a fresh process, as a server does
+    tk = import_topk(result)
+    if tk is None:
+        return
+    take_hip_branch(tk)  # take the HIP branch on this CPU
+    from sglang_amd_moe.runtime.sglang import hook
+
+    result["topk_file"] = tk.__file__
+    result["function_is_wrapped"] = hasattr(tk._post_process_topk_ids, "__wrapped__")
+    result["is_live"] = hook.is_live()
+    batch = Batch.make(tk)
+    result["real_ids"] = batch.real_ids.tolist()
+    result["perm"] = batch.perm.tolist()
+    result["pad_ids"] = PAD_IDS
+    if mode == "unknown":
+        unknown_form(tk, batch, result, workdir)
+        return
+    behaviour(tk, batch, result)
+    if mode == "plugin":
+        not_hip_and_reload(tk, batch, result)
+    if mode == "bare":
+        broken_upstream_and_verify(tk, batch, result)
+
+
+def run(mode: str, workdir: str, options: list[str] | None = None) -> DriverResult:
+    """One driver run (see the module docstring); never raises (errors are recorded)."""
+    opts = list(options or [])
+    log_module = opts[opts.index("--log-module") + 1] if "--log-module" in opts else None
+    patched = opts[opts.index("--patched") + 1] if "--patched" in opts else None
+    t0 = time.perf_counter()
+    result: dict = {"mode": mode, "timings": {}, "errors": []}
+    if log_module is not None:
+        try:
+            log_phase(log_module, result)
+        except BaseException as exc:
+            result["errors"].append(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        if mode == "log":
+            return result  # type: ignore[return-value]
+        from sglang_amd_moe.runtime.sglang import hook
+
+        hook.uninstall()  # as if this package had never been loaded
+        loader_again()
+    logs = collect_logs()
+    if "--unknown" in opts:
+        fresh_topk()
+        result["unknown"] = phase(logs, lambda r: drive("unknown", r, workdir))
+        fresh_topk()
+    first = len(logs.records)
+    try:
+        drive(mode, result, workdir)
+    except BaseException as exc:
+        result["errors"].append(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    result["logs"] = logs.records[first:]
+    if patched is not None:
+        fresh_topk()
+        result["patched"] = phase(logs, lambda r: r.update(patched_phase(patched)))
     result["timings"]["total"] = round(time.perf_counter() - t0, 2)
     return result  # type: ignore[return-value]
 
 
 def main(argv: list[str]) -> int:
     mode, out = argv[0], argv[1]
-    result = run(mode, os.getcwd())
+    result = run(mode, os.getcwd(), argv[2:])
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     return 0

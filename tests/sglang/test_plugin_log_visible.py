@@ -9,8 +9,9 @@ leaves the root at WARNING and drops an INFO record of a logger without its own 
 The first tests build those situations in a bare interpreter; the last one runs, for
 every process of the newest release that calls ``load_plugins()`` (launcher, scheduler,
 detokenizer, DP controller) and the scheduler of every other release, the real module import and
-its real ``load_plugins()`` in a fresh interpreter, then configures logging the way
-SGLang does afterwards, and counts the lines on stderr. Users' path: no
+its real ``load_plugins()`` first thing in a fresh interpreter (``driver.log_phase``; for
+the scheduler, the first phase of the release's bare driver run), then configures
+logging the way SGLang does afterwards, and counts the lines on stderr. Users' path: no
 ``SGLANG_AMD_MOE_*`` variable, so on this machine (not ROCm) the line says why nothing
 is hooked.
 """
@@ -25,46 +26,22 @@ from pathlib import Path
 
 import pytest
 import releases
-from releases import REPO
-from sglang_release_support import require_built, switches_off
+import sglang_release_support
+from driver import AFTER
+from sglang_release_support import (
+    PROCESSES,
+    SERVER_LAYER,
+    DriverRun,
+    loads_plugins,
+    log_env,
+    require_built,
+    switches_off,
+)
 
 LINE = (
     "sglang-amd-moe: not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it); "
     "nothing hooked"
 )
-AFTER = "after SGLang configured logging"
-# The server's extra packages (setproctitle, uvicorn, ...) that the process modules
-# import; added with PYTHONPATH, which does not run the layer's .pth (so no other SGLang).
-SERVER_LAYER = sorted((REPO / ".compat" / "server").glob("lib/python*/site-packages"))
-
-# Process -> the module whose import precedes load_plugins() in that process.
-PROCESSES = {
-    "launcher": "sglang.launch_server",
-    "scheduler": "sglang.srt.managers.scheduler",
-    "detokenizer": "sglang.srt.managers.detokenizer_manager",
-    "dp-controller": "sglang.srt.managers.data_parallel_controller",
-}
-
-CHILD = textwrap.dedent(
-    """
-    import importlib, logging, sys
-    module = sys.argv[1]
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        print(f"NOT-IMPORTABLE {type(exc).__name__}: {exc}", flush=True)
-        raise SystemExit(0)
-    root = logging.getLogger()
-    print(f"ROOT {len(root.handlers)} handler(s) at {logging.getLevelName(root.level)}",
-          flush=True)
-    from sglang.srt.plugins import load_plugins
-    load_plugins()
-    load_plugins()  # SGLang's loader is idempotent; so is the line
-    # What SGLang's configure_logger() does next in these processes.
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", force=True)
-    logging.getLogger("sglang_amd_moe").info("AFTER_TEXT")
-    """
-).replace("AFTER_TEXT", AFTER)
 
 
 def _env(extra_path: list[Path]) -> dict[str, str]:
@@ -129,7 +106,7 @@ def test_one_line_whatever_logging_looks_like(setup: str, expected: int) -> None
 
 # --- the real processes of every tested release ----------------------------------------
 
-_RUNS: dict[str, dict[str, subprocess.Popen]] = {}
+_RUNS: dict[str, dict[str, DriverRun]] = {}
 
 
 def _processes_of(release) -> tuple[str, ...]:
@@ -139,32 +116,24 @@ def _processes_of(release) -> tuple[str, ...]:
     return tuple(PROCESSES) if release.label == releases.MAIN_RELEASE else ("scheduler",)
 
 
-def _release_processes(release) -> dict[str, subprocess.Popen]:
-    """Start (once per release, all at once) one child per process that loads plugins."""
+def _release_processes(release, tmp_path_factory) -> dict[str, DriverRun]:
+    """Start (once per release, all at once) one driver run per process besides the
+    scheduler (the bare driver run's first phase) that loads plugins."""
     if release.label in _RUNS:
         return _RUNS[release.label]
-    site = sorted(release.venv.glob("lib/python*/site-packages"))[0]
+    out_dir = tmp_path_factory.mktemp(f"log-{release.label}")
     runs = {}
     for name, module in PROCESSES.items():
-        if name not in _processes_of(release):
-            continue
-        path = site / (module.replace(".", "/") + ".py")
-        if path.exists() and "load_plugins()" in path.read_text(encoding="utf-8"):
-            runs[name] = subprocess.Popen(
-                [str(release.python), "-c", CHILD, module],
-                env=_env(SERVER_LAYER),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                cwd=str(REPO / "tests"),
-            )
+        if name != "scheduler" and name in _processes_of(release) and loads_plugins(release, name):
+            options = ("--log-module", module)
+            runs[name] = DriverRun(release, "log", out_dir, options, log_env(), name=name)
     _RUNS[release.label] = runs
     return runs
 
 
 @pytest.mark.sglang
 @pytest.mark.parametrize("process", list(PROCESSES))
-def test_line_in_every_process_of_every_release(release, process: str) -> None:
+def test_line_in_every_process_of_every_release(release, process: str, tmp_path_factory) -> None:
     require_built(release)
     if not release.has_plugin_loader:
         pytest.skip(f"SGLang {release.label} has no plugin loader (the patch is the fix there)")
@@ -172,13 +141,15 @@ def test_line_in_every_process_of_every_release(release, process: str) -> None:
         pytest.fail("the server layer (.compat/server) is missing: `make test` builds it")
     if process not in _processes_of(release):
         pytest.skip(f"one process per release; every process of {releases.MAIN_RELEASE}")
-    runs = _release_processes(release)
-    if process not in runs:
+    if not loads_plugins(release, process):
         pytest.skip(f"no {process} process calls load_plugins() in SGLang {release.label}")
-    stdout, stderr = runs[process].communicate(timeout=600)
-    assert runs[process].returncode == 0, stderr[-3000:]
-    if stdout.startswith("NOT-IMPORTABLE"):
+    if process == "scheduler":
+        data = sglang_release_support.driven(release, tmp_path_factory)["bare"]
+    else:
+        data = _release_processes(release, tmp_path_factory)[process].wait()
+    if "log_not_importable" in data:
         # Not a logging question: this process cannot start on a CPU-only machine.
-        pytest.skip(f"{PROCESSES[process]} does not import here: {stdout.strip()}")
-    assert _count(stderr, LINE) == 1, f"{stdout}\n{stderr[-3000:]}"
-    assert _count(stderr, AFTER) == 1, f"{stdout}\n{stderr[-3000:]}"
+        pytest.skip(f"{PROCESSES[process]} does not import here: {data['log_not_importable']}")
+    stderr = data["log_phase_stderr"]
+    assert _count(stderr, LINE) == 1, f"{data['log_root']}\n{stderr[-3000:]}"
+    assert _count(stderr, AFTER) == 1, f"{data['log_root']}\n{stderr[-3000:]}"

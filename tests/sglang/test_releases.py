@@ -22,14 +22,9 @@ checks the ledger says the same of the installed source):
 from __future__ import annotations
 
 import pytest
+import sglang_release_support
 from driver import DriverResult
-from sglang_release_support import (
-    ENV_VAR,
-    releases,
-    require_built,
-    run_driver,
-    selected_releases,
-)
+from sglang_release_support import ENV_VAR, release_group, releases, selected_releases
 
 from sglang_amd_moe.runtime.sglang import ledger
 from sglang_amd_moe.runtime.sglang.names import ACTIONS
@@ -242,16 +237,17 @@ def test_verify_mode_on_top_of_another_plugins_hook(release, driven) -> None:
         pytest.skip(f"{release.label} has no _skip_hip_pad_mask switch to make upstream misbehave")
 
 
-def test_unknown_form_gets_the_guard_and_a_warning_with_its_hash(tmp_path) -> None:
+@release_group(releases.MAIN_RELEASE)
+def test_unknown_form_gets_the_guard_and_a_warning_with_its_hash(tmp_path_factory) -> None:
     """The newest release's own function with its padded-weight zeroing removed (no
     release looks like that): the plugin applies only its pre-mask and warns, naming the
-    file and the function's sha256."""
+    file and the function's sha256. (A phase of the release's bare driver run.)"""
     rel = releases.BY_LABEL[releases.MAIN_RELEASE]
     rels, _ = selected_releases()
     if rel not in rels:
         pytest.skip(f"{rel.label} not selected by {ENV_VAR}")
-    require_built(rel)
-    data = run_driver(rel, "unknown", tmp_path)
+    data = sglang_release_support.driven(rel, tmp_path_factory)["bare"]["unknown"]
+    assert data["errors"] == [], data["errors"]
     # First, SGLANG_PLUGINS naming another plugin: SGLang skipped ours, nothing installed.
     assert data["whitelist_load_raised"] is None
     assert data["whitelist_status"] is None

@@ -17,13 +17,12 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from sglang_release_support import HERE, driver_env, releases, require_built, selected_releases
 from variants import BASE_RELEASES, Variant, overlay
 from variants.catalog import VARIANTS
-
-_CACHE: dict[str, dict] = {}
 
 
 def _selected() -> list[str]:
@@ -31,52 +30,71 @@ def _selected() -> list[str]:
     return [r.label for r in rels if r.label in BASE_RELEASES]
 
 
-@pytest.fixture(scope="session")
-def variant_results(tmp_path_factory) -> dict[str, dict]:
-    """name -> the runner's record, for every variant of the selected base releases."""
-    if _CACHE:
-        return _CACHE
-    root = tmp_path_factory.mktemp("variants")
-    procs = []
-    for label in _selected():
-        rel = releases.BY_LABEL[label]
-        if not rel.is_built():
-            continue
-        topk = rel.topk_path()
-        ov = overlay.make(topk.parents[3], root / f"overlay-{label}")
-        out = root / f"{label}.json"
-        env = driver_env("plugin")
-        # Plain CPU tensors: the package's mask runs its torch reference (the Triton
-        # kernel itself is covered by test_releases.py and the kernel tests).
-        env.pop("TRITON_INTERPRET", None)
-        env["PYTHONPATH"] = str(ov)
-        log = open(root / f"{label}.log", "w")  # noqa: SIM115 (closed below)
-        cmd = [str(rel.python), "-m", "variants.runner", str(out), label, str(ov), str(topk)]
-        procs.append(
-            (
-                label,
-                out,
-                log,
-                subprocess.Popen(cmd, cwd=str(HERE), env=env, stdout=log, stderr=subprocess.STDOUT),
+def _group(label: str) -> pytest.MarkDecorator:
+    """One base release's variants run in one runner: on one worker."""
+    return pytest.mark.xdist_group(f"variants-{label}")
+
+
+class VariantRuns:
+    """The runners' records, one runner per base release, started when a test first
+    asks for its base: alone on a worker of several (its other bases' tests may be on
+    another), else every selected base at once, two at a time (a 2-core machine)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.records: dict[str, dict] = {}  # variant name -> record
+        self.patch_checks: dict[str, list] = {}  # base label -> checks
+        self.wall_s: dict[str, float] = {}
+
+    def of(self, label: str) -> dict[str, dict]:
+        """name -> record for ``label``'s variants, and ``__patch_checks__``."""
+        if label not in self.patch_checks:
+            alone = "PYTEST_XDIST_WORKER" in os.environ
+            todo = [label] if alone else [lb for lb in _selected() if lb not in self.patch_checks]
+            self._run(todo)
+        mine = {n: r for n, r in self.records.items() if r.get("base") == label}
+        return {**mine, "__patch_checks__": {label: self.patch_checks[label]}}
+
+    def _run(self, labels: list[str]) -> None:
+        procs = []
+        for label in labels:
+            rel = releases.BY_LABEL[label]
+            if not rel.is_built():
+                continue
+            topk = rel.topk_path()
+            ov = overlay.make(topk.parents[3], self.root / f"overlay-{label}")
+            out = self.root / f"{label}.json"
+            env = driver_env("plugin")
+            # Plain CPU tensors: the package's mask runs its torch reference (the Triton
+            # kernel itself is covered by test_releases.py and the kernel tests).
+            env.pop("TRITON_INTERPRET", None)
+            env["PYTHONPATH"] = str(ov)
+            log = open(self.root / f"{label}.log", "w")  # noqa: SIM115 (closed below)
+            cmd = [str(rel.python), "-m", "variants.runner", str(out), label, str(ov), str(topk)]
+            proc = subprocess.Popen(
+                cmd, cwd=str(HERE), env=env, stdout=log, stderr=subprocess.STDOUT
             )
-        )
-        if len(procs) % 2 == 0:  # two at a time: a 2-core machine
-            procs[-2][3].wait(timeout=900)
-    t0 = time.perf_counter()
-    for label, out, log, proc in procs:
-        rc = proc.wait(timeout=900)
-        log.close()
-        if rc != 0 or not out.exists():
-            tail = (root / f"{label}.log").read_text(errors="replace")[-4000:]
-            pytest.fail(f"variant runner for {label} exited {rc}:\n{tail}")
-        doc = json.loads(out.read_text())
-        for rec in doc["variants"]:
-            _CACHE[rec["name"]] = rec
-        _CACHE.setdefault("__patch_checks__", {})[label] = doc.get("patch_checks", [])
-    _CACHE["__wall_s__"] = {"s": round(time.perf_counter() - t0, 1)}
-    (root / "variants.md").write_text(table(_CACHE))
-    print(f"\nvariant table: {root / 'variants.md'}", file=sys.stderr)
-    return _CACHE
+            procs.append((label, out, log, proc, time.perf_counter()))
+            if len(procs) % 2 == 0:  # two at a time: a 2-core machine
+                procs[-2][3].wait(timeout=900)
+        for label, out, log, proc, t0 in procs:
+            rc = proc.wait(timeout=900)
+            log.close()
+            if rc != 0 or not out.exists():
+                tail = (self.root / f"{label}.log").read_text(errors="replace")[-4000:]
+                pytest.fail(f"variant runner for {label} exited {rc}:\n{tail}")
+            doc = json.loads(out.read_text())
+            for rec in doc["variants"]:
+                self.records[rec["name"]] = rec
+            self.patch_checks[label] = doc.get("patch_checks", [])
+            self.wall_s[label] = round(time.perf_counter() - t0, 1)
+        (self.root / "variants.md").write_text(table(self.records))
+        print(f"\nvariant table: {self.root / 'variants.md'}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def variant_runs(tmp_path_factory) -> VariantRuns:
+    return VariantRuns(tmp_path_factory.mktemp("variants"))
 
 
 def table(results: dict[str, dict]) -> str:
@@ -108,18 +126,18 @@ def _outcome(r: dict, key: str) -> str:
 
 
 def _variant_params() -> list:
-    return [pytest.param(v, id=v.name) for v in VARIANTS]
+    return [pytest.param(v, id=v.name, marks=_group(v.base)) for v in VARIANTS]
 
 
 @pytest.mark.parametrize("variant", _variant_params())
-def test_variant(variant: Variant, variant_results: dict) -> None:
+def test_variant(variant: Variant, variant_runs: VariantRuns) -> None:
     rel = releases.BY_LABEL[variant.base]
     if variant.base not in _selected():
         pytest.skip(
             f"{variant.base} not selected by {os.environ.get('SGLANG_AMD_MOE_TEST_RELEASES')}"
         )
     require_built(rel)
-    r = variant_results[variant.name]
+    r = variant_runs.of(variant.base)[variant.name]
     assert "error" not in r, r.get("error")
     assert "does_not_apply" not in r, (
         f"the edit no longer applies to {variant.base}: {r['does_not_apply']}"
@@ -154,18 +172,26 @@ def test_variant(variant: Variant, variant_results: dict) -> None:
     assert r["observe"] is not None and r["observe"]["correct"] is (exp.probe is not None)
 
 
-def test_the_table_keeps_the_verdicts_apart(variant_results: dict) -> None:
-    text = table(variant_results)
+@pytest.mark.parametrize("label", [pytest.param(lb, marks=_group(lb)) for lb in BASE_RELEASES])
+def test_the_table_keeps_the_verdicts_apart(label: str, variant_runs: VariantRuns) -> None:
+    """Each base release's rows: one per variant built on it."""
+    if label not in _selected():
+        pytest.skip(f"{label} not selected")
+    require_built(releases.BY_LABEL[label])
+    text = table(variant_runs.of(label))
     assert "| ledger | probe |" in text
     shown = [line for line in text.splitlines()[2:] if line.startswith("| ")]
-    expected = [
-        v for v in VARIANTS if v.base in _selected() and releases.BY_LABEL[v.base].is_built()
-    ]
-    assert len(shown) == len(expected)
+    assert len(shown) == len([v for v in VARIANTS if v.base == label])
 
 
-@pytest.mark.parametrize("label", ["0.5.12.post1", "0.5.13.post1", "0.5.14-mask-under-eplb-guard"])
-def test_a_patch_is_probed_before_it_is_offered(label: str, variant_results: dict) -> None:
+@pytest.mark.parametrize(
+    "label",
+    [
+        pytest.param(lb, marks=_group(lb))
+        for lb in ("0.5.12.post1", "0.5.13.post1", "0.5.14-mask-under-eplb-guard")
+    ],
+)
+def test_a_patch_is_probed_before_it_is_offered(label: str, variant_runs: VariantRuns) -> None:
     """What the audit calls before it offers a patch (``probe.probe_source``), on
     the real release: the shipped patch makes the function right; the same patch with
     its added lines naming a parameter the function lacks still applies, and the probe
@@ -173,7 +199,7 @@ def test_a_patch_is_probed_before_it_is_offered(label: str, variant_results: dic
     if label not in _selected():
         pytest.skip(f"{label} not selected")
     require_built(releases.BY_LABEL[label])
-    checks = {c["case"]: c for c in variant_results["__patch_checks__"][label]}
+    checks = {c["case"]: c for c in variant_runs.of(label)["__patch_checks__"][label]}
     assert "error" not in checks, checks
     shipped, broken = checks["as shipped"], checks["names a missing parameter"]
     assert shipped["ran"] and shipped["correct"], shipped

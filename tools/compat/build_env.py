@@ -33,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -94,7 +95,12 @@ def fetch_wheel(pip: list[str], version: str) -> Path:
     pattern = f"sglang-{version}-*.whl"
     found = sorted(WHEEL_CACHE.glob(pattern))
     if not found:
-        run([*pip, "download", "-q", "--no-deps", f"sglang=={version}", "-d", str(WHEEL_CACHE)])
+        # Into a private folder, then renamed into the cache: processes fetching the same
+        # wheel at once (parallel test workers, parallel builds) never read a partial file.
+        with tempfile.TemporaryDirectory(dir=WHEEL_CACHE, prefix=".download-") as tmp:
+            run([*pip, "download", "-q", "--no-deps", f"sglang=={version}", "-d", tmp])
+            for got in Path(tmp).glob(pattern):
+                os.replace(got, WHEEL_CACHE / got.name)
         found = sorted(WHEEL_CACHE.glob(pattern))
     if not found:
         raise SystemExit(f"no wheel for sglang=={version} after download")
