@@ -93,7 +93,7 @@ def _error(message: str, as_json: bool, say: bool = True) -> int:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``sglang-amd-moe audit`` (docs/audit.md)."""
-    as_json = "--json" in argv
+    as_json = any(len(a) > 2 and "--json".startswith(a) for a in argv)  # argparse takes --js
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or bad usage (2, message on stderr)
