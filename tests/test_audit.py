@@ -308,6 +308,9 @@ def test_errors_exit_2(tmp_path: Path) -> None:
     # --json prints one JSON document even then: an error object.
     doc = json.loads(run_cli("--json", "--sglang-source", str(tmp_path / "nope.py")).stdout)
     assert doc["exit_status"] == 2 and "cannot read" in doc["error"] and doc["targets"] == []
+    # ...also where --json is given as argparse's abbreviation of it.
+    doc = json.loads(run_cli("--js", "--sglang-source", str(tmp_path / "nope.py")).stdout)
+    assert doc["exit_status"] == 2 and "cannot read" in doc["error"] and doc["targets"] == []
     binary = tmp_path / "topk.py"
     binary.write_bytes(b"\x7fELF\xff\xfe\x00\x80 not source")
     not_text = run_cli("--sglang-source", str(binary))
@@ -372,6 +375,8 @@ def test_only_regular_files_are_read(tmp_path: Path) -> None:
     with open(big, "wb") as f:
         f.truncate(sources.MAX_SOURCE_BYTES + 1)  # sparse: nothing written
     _refused(run_cli("--sglang-source", str(big)), f"limit {sources.MAX_SOURCE_BYTES}")
+    doc = json.loads(run_cli("--json", "--sglang-source", str(big)).stdout)  # one document
+    assert doc["exit_status"] == 2 and f"limit {sources.MAX_SOURCE_BYTES}" in doc["error"]
 
 
 def _audit_proc(args: list[str], **kw: object) -> subprocess.CompletedProcess:
@@ -452,6 +457,9 @@ def test_cli_conventions() -> None:
         and not helped.stderr
     )
     assert all(name in helped.stdout for name in ("audit", "check", "demo", "SGLANG_AMD_MOE_FORCE"))
+    # The exit statuses, per command.
+    assert "exit status:" in helped.stdout and "2 the audit failed" in helped.stdout
+    assert "1 a row does not match" in helped.stdout and "130 on Ctrl-C" in helped.stdout
     for args in ((), ("bogus",), ("audit", "--bogus")):
         proc = cli(*args)
         assert proc.returncode == 2 and proc.stdout == "" and "usage:" in proc.stderr, args

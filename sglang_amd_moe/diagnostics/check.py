@@ -1,14 +1,6 @@
 """``sglang-amd-moe check``: the padded-batch regression end to end, without and with the
-plugin, on a small MoE model built in memory (the check itself: :mod:`.e2e`).
-
-Real tokens are padded to CUDA-graph buckets (5 of 8, 47 of 48, 200 of 256) with garbage
-in the padded rows, routed through the installed SGLang's real ``select_experts`` /
-``_post_process_topk_ids`` with its HIP branch forced, then through an aiter-like consumer;
-the real rows are compared with an unpadded run. Forms: the installed one, and a rebuilt
-``mask-under-eplb-guard`` (the installed topk.py with upstream PR 28378 reversed). "With
-the plugin": ``SGLANG_AMD_MOE_FORCE=1`` and SGLang's real ``load_plugins()``. It installs
-nothing: it runs with the SGLang of the interpreter that runs it.
-"""
+plugin, on a small MoE model built in memory, through the SGLang of the interpreter that
+runs it (installing nothing). The check itself is :mod:`.e2e`."""
 
 from __future__ import annotations
 
@@ -17,6 +9,7 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
 from sglang_amd_moe.diagnostics import sources
 from sglang_amd_moe.diagnostics.e2e import use_triton_interpreter
@@ -88,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     use_triton_interpreter(args.device)
     problems = missing_requirements()
+    for problem in problems:
+        print(f"sglang-amd-moe check: cannot run: {problem}", file=sys.stderr)
     if problems:
-        for problem in problems:
-            print(f"sglang-amd-moe check: cannot run: {problem}", file=sys.stderr)
         return 2
     if args.device.startswith("cuda"):
         import torch  # only here: `check --help` and argument errors stay fast
@@ -98,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("sglang-amd-moe check: --device cuda but torch sees no GPU", file=sys.stderr)
             return 2
-    # Imported after use_triton_interpreter(): the check imports the kernels, and so
-    # Triton, which reads TRITON_INTERPRET once, on import.
+    # After use_triton_interpreter(): Triton, which the kernels import, reads it on import.
     from sglang_amd_moe.diagnostics.e2e import run, table
 
     try:
@@ -109,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     doc = result.to_json()
     if args.json_file:
-        with open(args.json_file, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2)
+        Path(args.json_file).write_text(json.dumps(doc, indent=2), encoding="utf-8")
     if args.json:
         print(json.dumps(doc, indent=2))
     else:

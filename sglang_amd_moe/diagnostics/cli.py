@@ -1,7 +1,5 @@
-"""The ``sglang-amd-moe`` command: dispatches to ``audit``, ``check`` and ``demo`` (each
-its own module, with its own ``--help``). For every command: a usage error, or a report
-that cannot be written, is exit 2 with one line on stderr (never a traceback, never the
-verdict's 0 or 1); Ctrl-C is 130."""
+"""The ``sglang-amd-moe`` command: dispatches to ``audit``, ``check`` and ``demo``. A usage
+error or a report that cannot be written is exit 2 with one line on stderr; Ctrl-C is 130."""
 
 from __future__ import annotations
 
@@ -21,32 +19,30 @@ SUBCOMMANDS = {  # name -> (module under sglang_amd_moe.diagnostics, what it doe
 
 
 def usage() -> str:
-    lines = [
-        f"usage: {PROG} [--version] [--help] {{{','.join(SUBCOMMANDS)}}} [options]",
-        "",
-        "Correct padded-row MoE routing on AMD GPUs for SGLang and aiter. The plugin itself",
-        "needs no command (SGLang loads it); these commands show what it finds and does.",
-        "",
-        "commands:",
-    ]
-    lines += [f"  {name:<6} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
-    lines += [
-        "",
-        f"Run `{PROG} COMMAND --help` for a command's options.",
-        "",
-        "exit status:",
-        "  audit        0 nothing needs action, 1 something needs attention, 2 the audit failed",
-        "  check, demo  0 every row with the plugin matches, 1 a row does not match,",
-        "               2 cannot run (no SGLang, torch or Triton in this interpreter, bad",
-        "               arguments)",
-        "  every command: 2 for a usage error or a report that cannot be written, 130 on Ctrl-C",
-        "",
-        "environment (read by the plugin in the server, and by these commands):",
-        "  SGLANG_AMD_MOE_FORCE=1    hook even where torch is not a ROCm build",
-        "  SGLANG_AMD_MOE_DISABLE=1  the plugin hooks nothing",
-        "  SGLANG_AMD_MOE_VERIFY=1   check padded rows after every hooked call (debugging)",
-    ]
-    return "\n".join(lines) + "\n"
+    commands = "\n".join(f"  {name:<6} {help_}" for name, (_, help_) in SUBCOMMANDS.items())
+    return f"""\
+usage: {PROG} [--version] [--help] {{{",".join(SUBCOMMANDS)}}} [options]
+
+Correct padded-row MoE routing on AMD GPUs for SGLang and aiter. The plugin itself
+needs no command (SGLang loads it); these commands show what it finds and does.
+
+commands:
+{commands}
+
+Run `{PROG} COMMAND --help` for a command's options.
+
+exit status:
+  audit        0 nothing needs action, 1 something needs attention, 2 the audit failed
+  check, demo  0 every row with the plugin matches, 1 a row does not match,
+               2 cannot run (no SGLang, torch or Triton in this interpreter, bad
+               arguments)
+  every command: 2 for a usage error or a report that cannot be written, 130 on Ctrl-C
+
+environment (read by the plugin in the server, and by these commands):
+  SGLANG_AMD_MOE_FORCE=1    hook even where torch is not a ROCm build
+  SGLANG_AMD_MOE_DISABLE=1  the plugin hooks nothing
+  SGLANG_AMD_MOE_VERIFY=1   check padded rows after every hooked call (debugging)
+"""
 
 
 class OutputError(Exception):

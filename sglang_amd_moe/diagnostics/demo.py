@@ -1,8 +1,6 @@
-"""``sglang-amd-moe demo`` (what ``make demo`` runs): the padded-batch bug and the fix on
-one screen. In each environment given (``--python``) and this one, ``audit --json`` and
-``check --no-rebuilt`` run in that environment's interpreter (the checks side by side);
-one table says what the plugin does to each release and how the real rows of each padded
-batch come out without and with it. Everything each command wrote stays in ``--out-dir``."""
+"""``sglang-amd-moe demo`` (``make demo``): the padded-batch bug and the fix on one screen.
+``audit --json`` and ``check --no-rebuilt`` run in each environment's interpreter (the checks
+side by side); what each wrote stays in ``--out-dir``."""
 
 from __future__ import annotations
 
@@ -68,9 +66,6 @@ class Env:
         name, ext = kind.split(".")
         return self.out_dir / f"{name}-{self.tag}.{ext}"
 
-    def command(self, *args: str) -> list[str]:
-        return [self.python, "-m", "sglang_amd_moe", *args]
-
     @property
     def sglang(self) -> dict[str, Any]:
         return next((t for t in self.audit.get("targets", []) if t.get("target") == "sglang"), {})
@@ -84,7 +79,7 @@ def run_audit(env: Env, taken: set[str]) -> None:
     """``audit --json`` in the environment's interpreter; the SGLang version it reports
     names the environment's files (``audit-<version>.json``, ``check-<version>.*``)."""
     try:
-        cmd = env.command("audit", "--json")
+        cmd = [env.python, "-m", "sglang_amd_moe", "audit", "--json"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         env.audit_status = proc.returncode
         env.audit = json.loads(proc.stdout)
@@ -102,8 +97,8 @@ def run_audit(env: Env, taken: set[str]) -> None:
 
 def start_check(env: Env, device_name: str) -> subprocess.Popen | None:
     """Start ``check --no-rebuilt`` in the environment's interpreter; its table goes to a log."""
-    cmd = env.command("check", "--no-rebuilt", "--device", device_name, "--json-file")
-    cmd.append(str(env.path("check.json")))
+    cmd = [env.python, "-m", "sglang_amd_moe", "check", "--no-rebuilt", "--device", device_name]
+    cmd += ["--json-file", str(env.path("check.json"))]
     try:
         with open(env.path("check.log"), "w", encoding="utf-8") as log:
             return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -126,15 +121,13 @@ def finish_check(env: Env, proc: subprocess.Popen | None) -> None:
         env.check = json.loads(env.path("check.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         env.check = {}
-        lines = (
-            env.path("check.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        )
+        log = env.path("check.log").read_text(encoding="utf-8", errors="replace")
+        lines = log.strip().splitlines()
         env.check_error = lines[-1] if lines else f"check exited {env.check_status}"
 
 
 def plugin_cell(env: Env) -> str:
-    """What the plugin did when the check loaded it (its log line after ``->``), else the
-    audit's reading."""
+    """What the plugin did when the check loaded it (its log line after ``->``), or the audit's."""
     message = ((env.check.get("forms") or [{}])[0]).get("hook_message", "")
     if " -> " in message:
         return message.split(" -> ", 1)[1]
@@ -193,10 +186,8 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
             continue
         with_rows = {(r["real"], r["padded"]): r for r in env.check.get("with_plugin", [])}
         for row in env.check.get("without_plugin", []):
-            batch, with_ = (
-                f"{row['real']} of {row['padded']}",
-                with_rows.get((row["real"], row["padded"])),
-            )
+            batch = f"{row['real']} of {row['padded']}"
+            with_ = with_rows.get((row["real"], row["padded"]))
             lines.append(f"{env.version:<14}{batch:>11} | {_cells(row, with_)}")
     lines += [
         "",
@@ -235,12 +226,10 @@ def status(envs: list[Env]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     started = time.monotonic()
-    for python in args.python:
-        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
-            print(
-                f"sglang-amd-moe demo: --python {python}: not an executable file", file=sys.stderr
-            )
-            return 2
+    bad = [p for p in args.python if not (os.path.isfile(p) and os.access(p, os.X_OK))]
+    if bad:
+        print(f"sglang-amd-moe demo: --python {bad[0]}: not an executable file", file=sys.stderr)
+        return 2
     out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="sglang-amd-moe-demo-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     envs = [Env(py, f"env{i}", out_dir) for i, py in enumerate([*args.python, sys.executable])]

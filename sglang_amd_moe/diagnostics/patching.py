@@ -50,13 +50,11 @@ class FilePatch:
     hunks: tuple[Hunk, ...] = field(default_factory=tuple)
 
 
-def patch_names(target: str | None = None) -> list[str]:
-    """Names of the shipped patches (all, or those of ``target``)."""
+def patch_names(target: str | None = None) -> list[str]:  # all, or those of ``target``
     return [name for (t, _), name in PATCHES.items() if target is None or t == target]
 
 
-def patch_for(target: str, form: str) -> str | None:
-    """The patch that fixes ``form`` of ``target``, or None when the form needs none."""
+def patch_for(target: str, form: str) -> str | None:  # None: the form needs none
     return PATCHES.get((target, form))
 
 
@@ -67,8 +65,7 @@ def read_patch(name: str) -> str:
     return resources.files("sglang_amd_moe.patches").joinpath(name).read_text()
 
 
-def patch_path(name: str) -> str:
-    """Filesystem path of a shipped patch (for the commands the audit prints)."""
+def patch_path(name: str) -> str:  # for the commands the audit prints
     return str(resources.files("sglang_amd_moe.patches").joinpath(name))
 
 

@@ -1,5 +1,4 @@
-"""Installed packages and their source files, found and read without importing them
-(the audit and ``check`` must work where SGLang, aiter or torch cannot be imported)."""
+"""Installed packages and their source files, found and read without importing them."""
 
 from __future__ import annotations
 
@@ -98,20 +97,16 @@ def torch_is_rocm() -> bool | None:
         return bool(getattr(torch.version, "hip", None))
     torch_dir = package_dir("torch")
     text = text_or_none(torch_dir / "version.py") if torch_dir is not None else None
-    hip = [
-        ln.split("=", 1)[1]
-        for ln in (text or "").splitlines()
-        if ln.startswith("hip") and "=" in ln
-    ]
-    return None if text is None else bool(hip) and hip[0].strip() not in ("None", "''", '""')
+    hip = re.search(r"^hip\b[^=\n]*=(.*)$", text or "", re.MULTILINE)  # hip: str = '6.2...'
+    return None if text is None else bool(hip) and hip[1].strip() not in ("None", "''", '""')
 
 
 def sglang_counts(root: Path) -> dict[str, str] | None:
-    """Whether a count of real rows reaches ``_post_process_topk_ids`` on each path of the
-    SGLang package at ``root`` (``ep``, ``tp``, ``dp``, ``draft``: "yes", "no", "zeroed" where
-    SGLang zeroes the pad rows itself, "?"), from ``enable_num_token_non_padded()`` (which
-    decides whether a CUDA graph passes one) in a shape known here, and the EAGLE draft
-    graph runners (which set none); None where the code does not say."""
+    """Whether a count of real rows reaches ``_post_process_topk_ids`` on each path (``ep``,
+    ``tp``, ``dp``, ``draft``: "yes", "no", "zeroed" where SGLang zeroes the pad rows, "?") of
+    the SGLang package at ``root``, read from ``enable_num_token_non_padded()`` (which decides
+    whether a CUDA graph passes one) and the EAGLE draft graph runners (which set none);
+    None where the code does not say."""
     try:
         defs = {getattr(n, "name", ""): n for n in ast.parse(text_or_none(root / _FBI) or "").body}
     except SyntaxError:

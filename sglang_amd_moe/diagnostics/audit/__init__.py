@@ -5,6 +5,7 @@ SGLang's paths it protects, the matching patch (docs/audit.md). Modules: :mod:`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import traceback
 from pathlib import Path
@@ -68,10 +69,7 @@ def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], 
         for rep in (r for r in reports if r.installed):  # each hook: live, and its status
             rep.hook_live, st = plugins.is_live(rep.target), plugins.hook_status(rep.target)
             rep.status = st = st if view.loaded else None
-            rep.hook_state, rep.hook_message = (
-                getattr(st, "state", None),
-                getattr(st, "message", None),
-            )
+            rep.hook_state, rep.hook_message = (st.state, st.message) if st else (None, None)
         if args.load and reports[0].installed and reports[0].form != "absent":
             plugins.observe_sglang(reports[0], view)
     for rep in reports:
@@ -81,19 +79,17 @@ def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], 
 
 
 def _error(message: str, as_json: bool, say: bool = True) -> int:
-    try:
+    with contextlib.suppress(Exception):
         if say:
             print(f"sglang-amd-moe audit: error: {message}", file=sys.stderr)
         if as_json:
             write_stdout(render.error_json(message))
-    except Exception:
-        pass
     return 2
 
 
 def main(argv: list[str]) -> int:
     """Entry point of ``sglang-amd-moe audit`` (docs/audit.md)."""
-    as_json = "--json" in argv
+    as_json = any(len(a) > 2 and "--json".startswith(a) for a in argv)  # argparse takes --js
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or bad usage (2, message on stderr)

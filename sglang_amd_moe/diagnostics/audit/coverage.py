@@ -1,8 +1,6 @@
-"""Which of SGLang's paths pass ``_post_process_topk_ids`` the count of real rows (read from
-the installed SGLang: :func:`~sglang_amd_moe.diagnostics.sources.sglang_counts`; else, for
-the forms the plugin hooks, what every release of that form does), and what masks each
-path's padded rows: the SGLang hook (or a fixed or patched upstream) acts only beyond a
-count; the count-free guard at aiter's MoE entry acts on every call."""
+"""Which of SGLang's paths pass ``_post_process_topk_ids`` a count of real rows, and what
+masks each path's padded rows: the SGLang hook (or a fixed or patched upstream) acts only
+beyond a count; the count-free guard at aiter's MoE entry acts on every call."""
 
 from __future__ import annotations
 
@@ -20,11 +18,9 @@ _EP_ONLY = {"ep": "yes", "tp": "no", "dp": "no", "draft": "no"}
 
 
 def attach(reports: list[TargetReport], seen_from_here: bool) -> None:
-    """Set the SGLang report's ``coverage``: per path, whether a count reaches the function
-    and what masks its padded rows (an empty ``protected_by``: nothing)."""
+    """Set the SGLang report's ``coverage`` (an empty ``protected_by``: nothing masks)."""
     sglang = next((r for r in reports if r.target == SGLANG and r.installed), None)
-    aiter = next((r for r in reports if r.target == AITER), None)
-    guard = aiter.guard if aiter is not None else None
+    guard = next((r.guard for r in reports if r.target == AITER), None)
     if sglang is None or sglang.form == "absent":
         return
     file = Path(sglang.file or "")
@@ -62,7 +58,6 @@ def attach(reports: list[TargetReport], seen_from_here: bool) -> None:
 
 
 def lines(cov: dict, pad: str) -> list[str]:
-    """The coverage as the table's details print it."""
     out = [f"{pad}coverage ({cov['source']}; the count-free guard: {cov['guard']}):"]
     for p in cov["paths"]:
         by = ", ".join(p["protected_by"]) or "NOTHING masks its padded rows"

@@ -3,6 +3,7 @@ guard), what blocks them, and with ``--load`` the hooks' statuses and what runs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata as md
 import os
@@ -20,16 +21,13 @@ from sglang_amd_moe.runtime.target import HookStatus
 
 OUR_SGLANG_EP = "sglang_amd_moe.runtime.plugin:register"
 OUR_VLLM_EP = "sglang_amd_moe.runtime.plugin:register_vllm"
-#: Where each target's hook lives (the count-free guard's: change it here if it moves;
-#: once loaded, a runtime ``HOOK`` named "guard" is found wherever it lives).
+#: Where each target's hook lives (once loaded, a runtime ``HOOK`` is also found by name).
 HOOK_MODULES = {t: f"sglang_amd_moe.runtime.{m}" for t, m in (
     (SGLANG, "sglang.hook"), (read.AITER, "aiter.hook"), (GUARD, "aiter.guard"))}  # fmt: skip
 
 
 @dataclass
-class PluginView:
-    """This environment's plugin machinery (decided without importing SGLang)."""
-
+class PluginView:  # this environment's plugin machinery, read without importing SGLang
     sglang_dir: Path | None
     aiter_dir: Path | None
     sglang_loader: bool
@@ -47,7 +45,7 @@ def plugin_view() -> PluginView:
     ours = {ep.value.replace(" ", ""): ep for ep in eps.select(group="sglang.srt.plugins")}
     ours |= {ep.value.replace(" ", ""): ep for ep in eps.select(group="vllm.general_plugins")}
     problems = []
-    try:  # both own the triton/ files: one overwrote the other
+    with contextlib.suppress(md.PackageNotFoundError):  # both own triton/: one overwrote the other
         rocm, cuda = md.version("pytorch-triton-rocm"), md.version("triton")
         problems.append(
             f"both triton {cuda} and pytorch-triton-rocm {rocm} are installed: one overwrote "
@@ -55,17 +53,10 @@ def plugin_view() -> PluginView:
             "uninstall -y triton`, then `python -m pip install --force-reinstall --no-deps "
             f"pytorch-triton-rocm=={rocm}` from the PyTorch ROCm index your torch came from"
         )
-    except md.PackageNotFoundError:  # not both (the usual case)
-        pass
-    return PluginView(
-        sglang_dir=sglang,
-        aiter_dir=sources.package_dir("aiter"),
-        sglang_loader=init is not None and "def load_plugins" in init,  # 0.5.11 and later
-        sglang_ep=ours.get(OUR_SGLANG_EP),
-        vllm_installed=sources.package_dir("vllm") is not None,
-        vllm_ep=ours.get(OUR_VLLM_EP),
-        problems=problems,
-    )
+    loader = init is not None and "def load_plugins" in init  # 0.5.11 and later
+    vllm, aiter = sources.package_dir("vllm") is not None, sources.package_dir("aiter")
+    sglang_ep, vllm_ep = ours.get(OUR_SGLANG_EP), ours.get(OUR_VLLM_EP)
+    return PluginView(sglang, aiter, loader, sglang_ep, vllm, vllm_ep, problems=problems)
 
 
 class Route(NamedTuple):
@@ -140,10 +131,9 @@ def hook_status(target: str) -> HookStatus | None:
 
 
 def is_live(target: str) -> bool:
-    try:
+    with contextlib.suppress(Exception):
         return bool(getattr(hook_module(target), "is_live", lambda: False)())
-    except Exception:
-        return False
+    return False
 
 
 def platform_gate_closed() -> bool:
@@ -167,10 +157,6 @@ class Seen:
     previewed: bool = False  # a preview: what a ROCm machine does
     why: str = ""
 
-    @property
-    def hooks(self) -> bool:
-        return self.decision is not None and self.decision.hooked
-
     def to_json(self) -> dict:
         r, state = self.result, getattr(self.decision, "state", None)
         ran, found = bool(r and r.ran), list(r.findings) if r else []
@@ -189,16 +175,13 @@ def import_topk() -> tuple[Any, str]:
     """(SGLang's topk module, "") or (None, why it does not import here)."""
     try:
         return importlib.import_module(names.TOPK_MODULE), ""
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - SystemExit from an import included
+    except (Exception, SystemExit) as exc:  # SystemExit from an import included
         return None, f"{names.TOPK_MODULE} does not import here ({type(exc).__name__}: {exc})"
 
 
 def observe_sglang(rep: TargetReport, view: PluginView) -> None:
-    """``--load``: run the function on the probe batch as what runs here, or as the plugin
-    makes it on ROCm where the hook is off only for the platform (a preview); then run
-    the form's patch before offering it (:func:`check_patch`)."""
+    """``--load``: run the function on the probe batch as what runs here (as the plugin makes
+    it on ROCm where only the platform keeps it off: a preview), then the form's patch."""
     from sglang_amd_moe.runtime.sglang import hook
 
     st = rep.status

@@ -76,7 +76,7 @@ class TargetReport:
 
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
-        return {**{k: d.pop(k) for k in JSON_KEYS}, **d, "notes": list(self.notes)}
+        return d | {"notes": list(self.notes)}  # a copy: the report may take more notes
 
 
 def build_report(
@@ -90,10 +90,8 @@ def build_report(
     else:
         a = aiter_forms.analyze_source(source)
         form, sha, why, actions = a.form, a.source_sha256, a.reason, aiter_forms.ACTIONS
-    # A shipped patch that is applied wins; else the form's patch.
-    status = {
-        n: patching.status(source, patching.read_patch(n)) for n in patching.patch_names(target)
-    }
+    shipped = patching.patch_names(target)  # one that is applied wins; else the form's patch
+    status = {n: patching.status(source, patching.read_patch(n)) for n in shipped}
     applied = [n for n, s in status.items() if s == patching.ALREADY_APPLIED]
     patch = applied[0] if applied else patching.patch_for(target, form)
     rep = TargetReport(

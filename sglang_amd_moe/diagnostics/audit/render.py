@@ -12,17 +12,12 @@ from sglang_amd_moe.diagnostics.audit.read import TargetReport
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import names
 
-_DIFF_FUNCS = {
-    read.SGLANG: (names.FUNCTION_NAME,),
-    read.AITER: ("_adaptive_moe_sort", "_moe_sorting_impl"),
-}
+_DIFF_FUNCS = {read.SGLANG: (names.FUNCTION_NAME,)}
+_DIFF_FUNCS[read.AITER] = ("_adaptive_moe_sort", "_moe_sorting_impl")
 
 
 def function_diff(rep: TargetReport) -> str:
-    """Unified diff of the target function(s) against their fixed form (an unknown SGLang
-    body: against the nearest body the ledger knows)."""
-    if rep.target not in _DIFF_FUNCS:
-        return ""
+    """Unified diff of the target's function(s) against their fixed form (or nearest body)."""
     funcs, say = _DIFF_FUNCS[rep.target], f"# {rep.target}: {', '.join(_DIFF_FUNCS[rep.target])} is"
     if not rep.installed or not rep.source:
         return f"# {rep.target}: not installed\n"
@@ -44,12 +39,10 @@ def platform_notes(reports: list[TargetReport], view: PluginView | None) -> list
         return []
     if (rocm := sources.torch_is_rocm()) is None:
         return ["torch is not installed in this interpreter: the plugin cannot run here"]
+    if rocm or env.forced():
+        return []
     why = "(SGLANG_AMD_MOE_FORCE=1 forces it); the verdict is for a ROCm machine with this software"
-    return (
-        []
-        if rocm or env.forced()
-        else [f"torch here is not a ROCm build: the plugin stays off on this machine {why}"]
-    )
+    return [f"torch here is not a ROCm build: the plugin stays off on this machine {why}"]
 
 
 def attention(reports: list[TargetReport], view: PluginView | None) -> list[str]:
@@ -71,9 +64,8 @@ def _details(r: TargetReport, view: PluginView | None) -> list[str]:
     if r.hook_message:
         lines.append(f"{pad}plugin here: {r.hook_message.removeprefix('sglang-amd-moe: ')}")
     lines.append(f"{pad}file: {r.file}")
-    if r.target in read.FINGERPRINT_OF:
-        of = read.FINGERPRINT_OF[r.target]
-        lines.append(f"{pad}fingerprint: {r.sha256 or '-'} (sha256 of {of}, not of the file)")
+    of = read.FINGERPRINT_OF[r.target]
+    lines.append(f"{pad}fingerprint: {r.sha256 or '-'} (sha256 of {of}, not of the file)")
     if r.patch_file:
         lines.append(f"{pad}patch: {r.patch_file} ({r.patch_status})")
     if r.apply_command:  # two lines, still one shell command when pasted
@@ -94,12 +86,9 @@ def render_table(reports: list[TargetReport], exit_status: int, view: PluginView
         dist = f"{r.distribution or r.target} {r.version or '(no metadata)'}"
         where = dist if view is not None else "(source file)"
         cells = (r.target, where if r.installed else "not installed", form, r.hook, r.patch)
-        cells += (r.patch_status,)
-        rows.append(tuple(c or "-" for c in cells))
+        rows.append(tuple(c or "-" for c in (*cells, r.patch_status)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    ]
+    lines = ["  ".join(map(str.ljust, row, widths)).rstrip() for row in rows]
     lines.append("")
     for r in reports:
         if r.installed or r.needs_attention:

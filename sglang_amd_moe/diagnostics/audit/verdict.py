@@ -94,11 +94,7 @@ def observed(rep: TargetReport, route: Route) -> tuple[bool, str, str]:
     """The same after ``load_plugins()`` ran here: the hook's status says."""
     st, called = rep.status, "load_plugins() called the plugin, which hooks"
     if st is not None and st.hooked:
-        on = (
-            "SGLang to apply its hooks"
-            if rep.target == SGLANG
-            else "aiter.fused_moe to be imported"
-        )
+        on = {SGLANG: "SGLang to apply its hooks"}.get(rep.target, "aiter.fused_moe to be imported")
         wait = f"hook installed, waiting for {on}"
         return True, st.state, "hook live in this process" if st.state == "live" else wait
     if route.cell:
@@ -122,11 +118,10 @@ def plugin_action(st: HookStatus | None) -> str:
         return Plan(**st.detail["plan"]).describe("" if st.form in (None, "unknown") else st.form)
     if st.state != "not-needed":
         return st.message
-    probe = st.detail.get("probe")
+    action, probe = names.ACTIONS.get(st.form or "", "not hooked"), st.detail.get("probe")
     if not (isinstance(probe, dict) and not probe.get("ran", True)):
-        return names.ACTIONS.get(st.form or "", "not hooked")
-    why = probe.get("why") or "the probe did not run"
-    return f"{names.ACTIONS.get(st.form or '', 'not hooked')} (decided from the ledger: {why})"
+        return action
+    return f"{action} (decided from the ledger: {probe.get('why') or 'the probe did not run'})"
 
 
 def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
@@ -150,7 +145,8 @@ def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
         found = "; ".join(result.findings[:3]) or result.behaviour
         wrong = f"running {seen.of} on the probe batch shows it wrong ({found}); {plugin}"
         return needs(f"{base.reason}; {wrong}" if base.attention else f"{rep.form}: {wrong}", hook)
-    covered, shown = base.covered or seen.hooks, plugins.behaviour_shown(seen.upstream)
+    covered = base.covered or bool(decision and decision.hooked)
+    shown = plugins.behaviour_shown(seen.upstream)
     right = f"running {seen.of} on the probe batch shows it right"
     if rep.form == "unknown":
         acts = f"upstream acts as {shown}; " if shown and shown != "unknown" else ""
@@ -164,13 +160,11 @@ def behaviour_verdict(rep: TargetReport, base: Verdict) -> Verdict:
 
 
 def guard_state(aiter: TargetReport, view: PluginView | None) -> dict | None:
-    """The count-free guard at aiter's MoE entry, judged like a hook (its status after
-    ``--load``, else its routes): ``state`` as the HOOK column reads, ``live`` here, ``why``,
-    ``covered``. None where this sglang-amd-moe has no guard."""
+    """The count-free guard at aiter's MoE entry, judged like a hook: ``state`` (as the HOOK
+    column reads), ``live`` here, ``why``, ``covered``; None where there is no guard."""
     if not aiter.installed or not plugins.has_guard():
         return None
-    find = getattr(aiter_forms, "guard_entry", lambda _: ("_fused_moe_impl", ""))
-    (entry, problem), live = find(aiter.source), plugins.is_live(GUARD)
+    (entry, problem), live = aiter_forms.guard_entry(aiter.source), plugins.is_live(GUARD)
     rep = read.not_installed(GUARD)
     rep.installed, rep.status = True, plugins.hook_status(GUARD) if view and view.loaded else None
     if problem and rep.status is None:  # the guard refuses an entry it does not know
@@ -188,16 +182,14 @@ def conclude(rep: TargetReport, view: PluginView | None) -> None:
         rep.guard = guard_state(rep, view)
     v, decision = verdict(rep, view), rep.seen.decision if rep.seen is not None else None
     decided = decision is not None and decision.state != "off"
-    if rep.seen is not None:
-        v = behaviour_verdict(rep, v)
-        rep.action = plugin_action(decision) if decided else rep.action
+    v = behaviour_verdict(rep, v) if rep.seen is not None else v
+    rep.action = plugin_action(decision) if decided else rep.action
     rep.needs_attention, rep.covered, rep.hook, rep.reason = v
     if not rep.installed:
         return
     if rep.patch_status == patching.DRIFT:
-        rep.reason += (
-            f"; but {rep.patch} does not apply to this file (drift): the patch needs updating"
-        )
+        drift = "does not apply to this file (drift): the patch needs updating"
+        rep.reason += f"; but {rep.patch} {drift}"
     if rep.patch_status == read.PATCH_FAILS_PROBE:
         pp = rep.patch_probe or {}
         found = "; ".join(pp.get("findings", [])[:3]) or pp.get("why") or "wrong"

@@ -12,6 +12,8 @@ import torch
 
 from sglang_amd_moe.diagnostics.e2e.model import TinyMoEConfig
 
+THREADS_PER_CTA = 256  # of the sort kernel: its count table has max(NE, 256) entries
+
 if TYPE_CHECKING:  # only for the annotation: consumer imports this module
     from sglang_amd_moe.diagnostics.e2e.consumer import SortBuffers
 
@@ -44,13 +46,7 @@ def hip_router_for(
     impl = getattr(impl, "_torchdynamo_orig_callable", impl)
     calls: list[int] = []  # how many NaN batches it has routed
 
-    def route(
-        hidden_states: torch.Tensor,
-        gating_output: torch.Tensor,
-        topk: int,
-        renormalize: bool,
-        **_: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(hidden_states, gating_output, topk, renormalize, **_):  # as SGLang calls it
         args = (hidden_states, gating_output, bias, topk, renormalize, cfg.n_group, cfg.topk_group)
         w, ids = impl(*args)
         w, ids = w.float().contiguous(), ids.to(torch.int32).contiguous()
@@ -66,14 +62,7 @@ def hip_router_for(
 
 
 def legacy_hip_sort(
-    topk_ids: torch.Tensor,
-    topk_weight: torch.Tensor,
-    bufs: SortBuffers,
-    m: int,
-    ne: int,
-    k: int,
-    mb: int,
-    threads_per_cta: int = 256,
+    ids: torch.Tensor, weights: torch.Tensor, bufs: SortBuffers, m: int, ne: int, k: int, mb: int
 ) -> int:
     """aiter's MXFP4 sort before it learned to drop bad ids; returns the global stores dropped.
 
@@ -88,8 +77,8 @@ def legacy_hip_sort(
     access outside it reads 0 and drops the write; ``count[NE:]`` reads 0; atomics land in
     ascending pair order; a global store outside its buffer is dropped. For ids in
     ``[0, NE)`` it writes what this package's reference writes (the tests check it)."""
-    ids, weights = topk_ids[:m].reshape(-1).tolist(), topk_weight[:m].reshape(-1).tolist()
-    n_count = max(ne, threads_per_cta)
+    ids, weights = ids[:m].reshape(-1).tolist(), weights[:m].reshape(-1).tolist()  # as lists
+    n_count = max(ne, THREADS_PER_CTA)
     base_count, base_cumsum, base_counter = 0, n_count, n_count + ne + 1
     lds = [0] * (base_counter + ne)
 

@@ -1,7 +1,5 @@
-"""The check's MoE consumer, with aiter's data flow (sort -> per-block expert MLP ->
-reduce), which is what turns a bad expert id into damage in real rows: buffers sized as
-aiter's ``_adaptive_moe_sort`` sizes them, stage 1 on blocks of sorted slots, stage 2
-through ``reverse_sorted``. Called as SGLang calls aiter (no ``num_local_tokens``)."""
+"""The check's MoE consumer, with aiter's data flow (sort -> per-block expert MLP -> reduce),
+which is what turns a bad expert id into damage in real rows."""
 
 from __future__ import annotations
 
@@ -46,9 +44,8 @@ class ConsumerStats:
     sorts: dict[str, int] = field(default_factory=dict)  # which sort ran, how often
 
     def add(self, other: ConsumerStats) -> None:
-        self.out_of_range_ids += other.out_of_range_ids
-        self.oob_stores += other.oob_stores
-        self.oob_reads += other.oob_reads
+        for name in ("out_of_range_ids", "oob_stores", "oob_reads"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         for k, v in other.sorts.items():
             self.sorts[k] = self.sorts.get(k, 0) + v
 

@@ -28,13 +28,11 @@ class TinyMoEConfig:
     seed: int = 0
 
     @property
-    def num_experts(self) -> int:
-        """NE as aiter counts it: routed plus shared (e.g. 513 = 512 + 1)."""
+    def num_experts(self) -> int:  # NE as aiter counts it: routed plus shared (513 = 512 + 1)
         return self.routed_experts + self.shared_experts
 
     @property
-    def slots(self) -> int:
-        """TOPK as aiter counts it: routed top-k plus one slot per shared expert."""
+    def slots(self) -> int:  # TOPK as aiter counts it: routed top-k plus one per shared expert
         return self.top_k + self.shared_experts
 
 

@@ -1,5 +1,5 @@
-"""What the check reports: one row per (form, batch, with or without the plugin). Plain
-dataclasses without torch: the worker hands its rows back as JSON, the table needs no torch."""
+"""What the check reports, one row per (form, batch, with or without the plugin): plain
+dataclasses without torch (the worker hands its rows back as JSON)."""
 
 from __future__ import annotations
 
@@ -60,11 +60,8 @@ class CheckResult:
     def to_json(self) -> dict[str, Any]:
         rows = {"without_plugin": self.without, "with_plugin": self.with_}
         doc = {"sglang": self.sglang, "forms": [asdict(f) for f in self.forms]}
-        return (
-            doc
-            | {k: [asdict(r) for r in v] for k, v in rows.items()}
-            | {"ok": self.ok, **self.meta}
-        )
+        doc |= {k: [asdict(r) for r in v] for k, v in rows.items()}
+        return doc | {"ok": self.ok, **self.meta}
 
 
 def row_from_dict(d: dict[str, Any]) -> RowResult:

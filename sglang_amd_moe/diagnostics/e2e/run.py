@@ -1,14 +1,8 @@
-"""Every (form, batch) of the check, without and with the plugin.
-
-For each batch (real tokens padded to a CUDA-graph bucket) the model runs once unpadded
-(the reference) and once padded with garbage rows, through SGLang's real routing and the
-aiter-like consumer; the real rows are compared. The plugin loads once per process and
-decides from the function running when it loads, hence the order: the installed form and
-the rebuilt ``mask-under-eplb-guard`` form (put in place for the while) without the
-plugin, then the plugin loaded by SGLang's ``load_plugins()`` and the installed form
-again; the rebuilt form with the plugin runs in a worker subprocess (:mod:`.worker`),
-started first so that it runs alongside.
-"""
+"""Every (form, batch) of the check: the model unpadded (the reference) and padded with
+garbage rows, through SGLang's real routing and the aiter-like consumer, real rows compared.
+The plugin loads once per process and decides from the function running when it loads,
+hence the order: the installed and the rebuilt form without it, then the plugin and the
+installed form; the rebuilt form with the plugin runs alongside in :mod:`.worker`."""
 
 from __future__ import annotations
 
@@ -24,23 +18,18 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from subprocess import DEVNULL, PIPE
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from sglang_amd_moe.diagnostics.e2e import results
 from sglang_amd_moe.diagnostics.e2e import sglang_calls as calls
 from sglang_amd_moe.diagnostics.e2e.amd_emulation import hip_router_for
 from sglang_amd_moe.diagnostics.e2e.consumer import AiterLikeMoE, ConsumerStats
 from sglang_amd_moe.diagnostics.e2e.model import TinyMoE, TinyMoEConfig
-from sglang_amd_moe.diagnostics.e2e.results import (
-    REL_TOL,
-    CheckResult,
-    Compare,
-    FormInfo,
-    RowResult,
-    row_from_dict,
-)
+from sglang_amd_moe.diagnostics.e2e.results import CheckResult, Compare, FormInfo, RowResult
 from sglang_amd_moe.runtime.sglang import ledger
 from sglang_amd_moe.runtime.sglang.names import FUNCTION_NAME, TOPK_MODULE
 
@@ -118,7 +107,7 @@ def compare(got: torch.Tensor, ref: torch.Tensor) -> Compare:
     max_rel = max_abs / scale if scale > 0 else max_abs
     nan_count = int((~torch.isfinite(got)).sum())
     bad_rows = int((~((got == ref) | (torch.isnan(got) & torch.isnan(ref)))).any(dim=1).sum())
-    match = "within 1e-6" if nan_count == 0 and max_rel <= REL_TOL else "MISMATCH"
+    match = "within 1e-6" if nan_count == 0 and max_rel <= results.REL_TOL else "MISMATCH"
     return Compare(
         "exact" if torch.equal(got, ref) else match, max_abs, max_rel, nan_count, bad_rows
     )
@@ -151,19 +140,14 @@ def run_check(device: str, rebuilt: bool, started: float) -> CheckResult:
     """The whole check; ``started``: the ``time.monotonic()`` the elapsed time counts from.
     Raises :class:`SGLangUnavailable` when SGLang's topk module does not import."""
     with tempfile.TemporaryDirectory(prefix="sglang-amd-moe-check-") as tmp:
-        worker = None  # the rebuilt form with the plugin: started now, runs alongside
-        if rebuilt:
-            out = Path(tmp) / "rebuilt-with-plugin.json"
+        out, worker = Path(tmp) / "rebuilt-with-plugin.json", None
+        if rebuilt:  # the rebuilt form with the plugin: started now, runs alongside
+            env = dict(os.environ, SGLANG_AMD_MOE_FORCE="1")
             cmd = [sys.executable, "-m", "sglang_amd_moe.diagnostics.e2e.worker"]
-            worker = subprocess.Popen(
-                [*cmd, "--device", device, "--json-file", str(out)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=dict(os.environ, SGLANG_AMD_MOE_FORCE="1"),
-            )
+            cmd += ["--device", device, "--json-file", str(out)]
+            worker = subprocess.Popen(cmd, stdout=DEVNULL, stderr=PIPE, text=True, env=env)
         try:
-            return _run_check(device, worker, Path(tmp) / "rebuilt-with-plugin.json", started)
+            return _run_check(device, worker, out, started)
         finally:
             if worker is not None and worker.poll() is None:
                 worker.kill()
@@ -214,10 +198,8 @@ def _run_check(device: str, worker: Any, out: Path, started: float) -> CheckResu
         with_ += [RowResult(GUARD, "rebuilt", n, m, True, error=why) for n, m in BATCHES]
     elif payload.get("reachable"):
         rebuilt.hook_live, rebuilt.hook_message = payload["hook_live"], payload["hook_message"]
-        with_ += [row_from_dict(r) for r in payload["rows"]]
-    sorts: Counter[str] = Counter()
-    for r in without + with_:
-        sorts.update(r.sorts)
+        with_ += [results.row_from_dict(r) for r in payload["rows"]]
+    sorts = sum((Counter(r.sorts) for r in without + with_), Counter())
     good = ("exact", "within 1e-6")
     ok = bool(with_) and all(r.compare and r.compare.match in good and not r.error for r in with_)
     sources = ["installed"] + (["rebuilt"] if rebuilt is not None and rebuilt.reachable else [])

@@ -1,7 +1,5 @@
-"""How the check calls the installed SGLang: the real code, its HIP branch forced as
-SGLang's tests force it, the plugin loaded by its ``load_plugins()``. What differs between
-releases (``TopKConfig`` fields, a count with a custom router, a plugin loader) is adapted
-here and nowhere else."""
+"""How the check calls the installed SGLang's real code (its HIP branch forced as SGLang's
+tests force it); what differs between releases is adapted here and nowhere else."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 from sglang_amd_moe.runtime.sglang.names import FUNCTION_NAME, TOPK_MODULE
 from sglang_amd_moe.runtime.sglang.probe import function_from_source, rebind
 
-#: The form :func:`guard_form` builds, and the diffs (package data) that build it:
-#: upstream PR 28378 reversed on a release's topk.py, one diff per span of releases.
+#: The form :func:`guard_form` builds, and the diffs that build it (one per span of releases).
 GUARD_FORM = "mask-under-eplb-guard"
 GUARD_DIFFS = tuple(sorted((Path(__file__).parent / "guard_form").glob("*.diff")))
 
@@ -49,8 +46,7 @@ def guard_source(text: str) -> str:
 
 
 def guard_form(mod: ModuleType) -> tuple[Callable, str]:
-    """(function, text): the never-released ``mask-under-eplb-guard`` form of the installed
-    function, over the module's globals, its source registered for ``inspect``."""
+    """(function, text): the installed function rebuilt in the never-released guard form."""
     source = guard_source(inspect.getsource(mod))
     fn, _ = function_from_source(mod, source)
     return rebind(fn, vars(mod)), source
@@ -58,8 +54,7 @@ def guard_form(mod: ModuleType) -> tuple[Callable, str]:
 
 @contextlib.contextmanager
 def patched(mod: ModuleType, **attrs: Any) -> Iterator[None]:
-    """The module's attributes set for a while: ``_is_hip=True, _is_cuda=False`` forces the
-    HIP branch; ``_post_process_topk_ids`` is looked up at call time."""
+    """The module's attributes set for a while (``_is_hip=True, _is_cuda=False``: HIP)."""
     saved = {k: getattr(mod, k) for k in attrs if hasattr(mod, k)}
     vars(mod).update(attrs)
     try:
@@ -104,8 +99,9 @@ def route_through_sglang(
     to 0.5.14 assert that this path gets no ``num_token_non_padded``: there the router's
     output goes to ``_post_process_topk_ids`` directly (looked up at call time, so a hook
     or the rebuilt form runs), and ``direct`` comes back True for the later calls."""
-    kw = {"topk_config": topk_config, "router_logits": logits, "layer_id": layer}
-    kw["num_token_non_padded"] = count
+    kw = dict(
+        topk_config=topk_config, router_logits=logits, layer_id=layer, num_token_non_padded=count
+    )
     if not direct:
         try:
             out = _call(mod.select_experts, hidden_states=h, **kw)
@@ -120,8 +116,7 @@ def route_through_sglang(
 
 
 def load_plugin() -> tuple[bool, str]:
-    """(hook live, what happened): the plugin loaded with ``SGLANG_AMD_MOE_FORCE=1`` by
-    SGLang's ``load_plugins()`` (0.5.10 has none: its entry point is called directly)."""
+    """(hook live, what happened): the plugin loaded by SGLang's ``load_plugins()``, forced."""
     os.environ["SGLANG_AMD_MOE_FORCE"] = "1"
     try:  # here, not at the top: this module imports without SGLang
         from sglang.srt.plugins import load_plugins

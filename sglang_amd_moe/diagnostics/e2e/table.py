@@ -22,8 +22,7 @@ def err_cell(cmp: Compare) -> str:
 
 
 def render(result: CheckResult) -> str:
-    meta = result.meta
-    c = meta["config"]
+    meta, c = result.meta, result.meta["config"]
     lines = [
         f"sglang-amd-moe check: tiny MoE, seed {c['seed']}: {c['layers']} MoE layers, "
         f"hidden {c['hidden']}, {c['routed_experts']} routed + {c['shared_experts']} shared "
@@ -38,8 +37,7 @@ def render(result: CheckResult) -> str:
         "sorts that ran: " + meta["sorts"],
     ]
     for f in result.forms:
-        extra = f" ({f.note})" if f.note else ""
-        lines.append(f"form {f.source}: {f.form}{extra}")
+        lines.append(f"form {f.source}: {f.form}{f' ({f.note})' if f.note else ''}")
         if f.hook_message:
             lines.append(f"  plugin: hook live={f.hook_live}; {f.hook_message}")
     lines.append("")
@@ -47,34 +45,24 @@ def render(result: CheckResult) -> str:
         f"{'SGLang form':<32} {'batch':>10} | {'WITHOUT plugin: max abs err':>27} {'NaN':>6} "
         f"{'bad rows':>9} {'out-of-range ids':>16} | WITH plugin vs unpadded run"
     )
-    lines.append(head)
-    lines.append("-" * len(head) + "-" * 24)
+    lines += [head, "-" * (len(head) + 24)]
     by_key = {(r.source, r.real, r.padded): r for r in result.with_}
     for r in result.without:
-        label = f"{r.source}: {r.form}"
-        batch = f"{r.real} of {r.padded}"
+        label, batch = f"{r.source}: {r.form}", f"{r.real} of {r.padded}"
         if r.error:
             left = f"{'error: ' + r.error[:60]:>70}"
         else:
             cmp = r.compare
-            left = (
-                f"{err_cell(cmp):>27} {cmp.nan_count:>6} {cmp.bad_rows:>5}/{r.real:<3} "
-                f"{r.out_of_range_ids:>16}"
-            )
+            left = f"{err_cell(cmp):>27} {cmp.nan_count:>6} {cmp.bad_rows:>5}/{r.real:<3} "
+            left += f"{r.out_of_range_ids:>16}"
         w = by_key.get((r.source, r.real, r.padded))
-        if w is None:
-            right = "not run"
-        elif w.error:
-            right = f"error: {w.error[:60]}"
-        else:
-            wc = w.compare
-            right = wc.match
-            if wc.match == "within 1e-6":
-                right += f" (max rel {wc.max_rel_err:.2g}; summation order differs)"
-            elif wc.match == "MISMATCH":
-                right += (
-                    f" (max abs {err_cell(wc)}, NaN {wc.nan_count}, ids seen {w.out_of_range_ids})"
-                )
+        wc = w.compare if w is not None and not w.error else None
+        right = "not run" if w is None else f"error: {w.error[:60]}" if wc is None else wc.match
+        if wc is not None and wc.match == "within 1e-6":
+            right += f" (max rel {wc.max_rel_err:.2g}; summation order differs)"
+        elif wc is not None and wc.match == "MISMATCH":
+            seen = f"NaN {wc.nan_count}, ids seen {w.out_of_range_ids}"
+            right += f" (max abs {err_cell(wc)}, {seen})"
         lines.append(f"{label:<32} {batch:>10} | {left} | {right}")
     for f in result.forms:
         if not f.reachable:

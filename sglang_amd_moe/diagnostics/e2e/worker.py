@@ -1,7 +1,5 @@
-"""The rebuilt form with the plugin, in a process of its own (``python -m
-sglang_amd_moe.diagnostics.e2e.worker --device D --json-file F``, started by
-:class:`.run.Worker`, not a user command): the plugin decides from the function running
-when it loads, so the rebuilt function must be in place before it loads."""
+"""The rebuilt form with the plugin, in a process of its own (started by :mod:`.run`): the
+plugin decides from the function running when it loads, so that must be the rebuilt one."""
 
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ from sglang_amd_moe.diagnostics.e2e import use_triton_interpreter
 
 
 def rebuilt_with_plugin(device: str) -> dict[str, Any]:
-    """Put the rebuilt function in place, load the plugin, run every batch."""
     # Imported once main() has chosen whether Triton interprets (read on its import).
     from sglang_amd_moe.diagnostics.e2e import sglang_calls as calls
     from sglang_amd_moe.diagnostics.e2e.run import build_bench, run_form
