@@ -13,6 +13,7 @@ threads calling it at once hook once.
 from __future__ import annotations
 
 import builtins
+import gc
 import logging
 import os
 import threading
@@ -110,6 +111,12 @@ def _guard() -> Any:
 
 
 def _run(targets: list[tuple[str, str, Callable[[], Any]]]) -> None:
+    # Python's collector paused while the plugin decides: right after SGLang's imports a
+    # full collection of their objects is due (seconds on a busy host), and the plugin's
+    # parse of topk.py would otherwise be the allocation that runs it. It runs later, in
+    # the process's own time, as it would without the plugin.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         with _LOCK:
             _make_log_visible()
@@ -130,6 +137,9 @@ def _run(targets: list[tuple[str, str, Callable[[], Any]]]) -> None:
                 logger.info("sglang-amd-moe: %s; nothing hooked", why)
     except BaseException as exc:  # the lock, logging itself: still never raise
         _swallow(exc, "sglang-amd-moe: the plugin failed; nothing hooked")
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _swallow(exc: BaseException, text: str) -> None:

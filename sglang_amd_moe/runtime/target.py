@@ -13,6 +13,7 @@ wrapper chains, :func:`rebind_copies` rebinds ``from m import f`` copies,
 
 from __future__ import annotations
 
+import gc
 import importlib.abc
 import logging
 import os
@@ -320,13 +321,19 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)  # upstream's own errors propagate unchanged
-        for callback in list(_WATCHED.get(module.__name__, ())):
-            try:
-                callback(module)
-            except KeyboardInterrupt:
-                raise
-            except BaseException:  # noqa: BLE001 - ours must not fail upstream's import
-                logger.exception("sglang-amd-moe: patching %s failed", module.__name__)
+        collecting = gc.isenabled()  # paused while ours run, as during plugin load
+        gc.disable()
+        try:
+            for callback in list(_WATCHED.get(module.__name__, ())):
+                try:
+                    callback(module)
+                except KeyboardInterrupt:
+                    raise
+                except BaseException:  # noqa: BLE001 - ours must not fail upstream's import
+                    logger.exception("sglang-amd-moe: patching %s failed", module.__name__)
+        finally:
+            if collecting:
+                gc.enable()
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
         return getattr(self._loader, name)

@@ -2,7 +2,7 @@
 ``register()`` in a process that has not imported torch imports neither torch nor topk (the
 ledger answers from topk.py's text; a broken body waits for topk's import), and topk.py is
 parsed once in the process, whatever follows. The times themselves are measured by
-``load_cost.py`` (no timed assertions in tests)."""
+``benchmarks/load_cost.py`` (no timed assertions in tests)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The plugin's own share of plugin load, per process kind: run in a release's interpreter.
 
-``python tests/sglang/load_cost.py [REPEATS]`` prints one JSON line per case: fresh
+``python benchmarks/load_cost.py [REPEATS]`` prints one JSON line per case: fresh
 interpreters that import what that SGLang process imports before ``load_plugins()``, then
 time ``load_plugins()`` with ``SGLANG_PLUGINS`` naming this plugin (on) or another name
 only (off: SGLang discovers and skips it); the share is the difference of the medians.
@@ -12,7 +12,10 @@ bytecode an installed package has. Cases:
 - ``scheduler``: ``sglang.srt.managers.scheduler`` imported (topk not yet: a scheduler
   imports it later, with the model);
 - ``topk-imported``: the launcher's modules and topk imported before the plugin loads;
-- ``bare``: nothing imported; ``register()`` called directly (is torch imported for it?).
+- ``bare``: nothing imported; ``register()`` called directly (is torch imported for it?);
+- ``topk-later``: the launcher's modules imported, ``load_plugins()``, then the time of
+  topk's own import is what is measured (a body the plugin decides there is decided
+  then, as in a scheduler that imports the model).
 """
 
 from __future__ import annotations
@@ -29,19 +32,25 @@ case = sys.argv[1]
 pre = {"launcher": ["sglang.launch_server"],
        "scheduler": ["sglang.srt.managers.scheduler"],
        "topk-imported": ["sglang.launch_server", "sglang.srt.layers.moe.topk"],
-       "bare": []}[case]
+       "bare": [], "topk-later": ["sglang.launch_server"]}[case]
 for m in pre:
     importlib.import_module(m)
 torch_before = "torch" in sys.modules
-try:
-    from sglang.srt.plugins import load_plugins
-except ImportError:
-    load_plugins = None
+load_plugins = None
+if case != "bare":  # bare: import nothing of SGLang's (its plugins module imports torch)
+    try:
+        from sglang.srt.plugins import load_plugins
+    except ImportError:
+        pass
 t = time.perf_counter()
 if case == "bare" or load_plugins is None:
     if sys.argv[2] == "on":
         from sglang_amd_moe.runtime.plugin import register
         register()
+elif case == "topk-later":
+    load_plugins()
+    t = time.perf_counter()
+    importlib.import_module("sglang.srt.layers.moe.topk")
 else:
     load_plugins()
 s = time.perf_counter() - t
@@ -76,8 +85,14 @@ def main(argv: list[str]) -> int:
     import importlib.metadata
 
     version = importlib.metadata.version("sglang")
-    for case in ("launcher", "scheduler", "topk-imported", "bare"):
-        row: dict = {"sglang": version, "case": case}
+    for case in ("launcher", "scheduler", "topk-imported", "topk-later", "bare"):
+        row: dict = {
+            "sglang": version,
+            "case": case,
+            "repeats": repeats,
+            "load_before": round(os.getloadavg()[0], 2),
+            "cpus": os.cpu_count(),
+        }
         for on in (False, True):
             try:
                 runs = [measure(case, on) for _ in range(repeats + 1)][1:]  # first: warm-up
@@ -88,6 +103,7 @@ def main(argv: list[str]) -> int:
             row[f"{key}_s"] = round(statistics.median(r[0] for r in runs), 3)
             row[f"{key}_torch_before"], row[f"{key}_torch_after"] = runs[0][1], runs[0][2]
             row[f"{key}_topk_after"] = runs[0][3]
+        row["load_after"] = round(os.getloadavg()[0], 2)
         if "error" not in row:
             row["share_s"] = round(row["on_s"] - row["off_s"], 3)
         print(json.dumps(row), flush=True)
