@@ -89,7 +89,7 @@ class Target:
         """The wrapper is in place now (possibly under other plugins' wrappers)."""
         raise NotImplementedError
 
-    def _still_hooked(self) -> bool:
+    def _still_hooked(self) -> bool:  # a live or pending status still holds
         return self.is_live()
 
     def install(self, gate: Gate | None = None) -> HookStatus:
@@ -215,13 +215,7 @@ def holds(fn: Any, obj: Any) -> bool:
     return any(f is obj or closes_over(f, obj) for f in chain(fn))
 
 
-def rebind_copies(
-    original: Any,
-    replacement: Any,
-    *,
-    name: str | None = None,
-    skip: set[tuple[int, str]] | frozenset[tuple[int, str]] = frozenset(),
-) -> list[tuple[types.ModuleType, str]]:
+def rebind_copies(original: Any, replacement: Any, *, name: str | None = None, skip=()) -> list:
     """Point every module attribute that is ``original`` (of ``name`` only, if given) at
     ``replacement``, except ``(id(module), attribute)`` pairs in ``skip``; return them."""
     rebound: list[tuple[types.ModuleType, str]] = []
