@@ -99,9 +99,8 @@ def analyze_source(source: str) -> FormReport:
     except SyntaxError as exc:
         return FormReport("unknown", f"fused_moe.py does not parse: {exc.msg} (line {exc.lineno})")
     funcs: dict[str, ast.FunctionDef] = {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            funcs.setdefault(node.name, node)
+    for node in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        funcs.setdefault(node.name, node)
     relevant = [funcs[n] for n in (SORT_IMPL, ADAPTIVE, INLINE_UNSUPPORTED) if n in funcs]
     relevant.sort(key=lambda f: f.lineno)
     text = "\n".join(ast.get_source_segment(source, f) or "" for f in relevant)
@@ -117,9 +116,8 @@ def analyze_source(source: str) -> FormReport:
             return unknown(f"{INLINE_UNSUPPORTED} exists but no MXFP4 aux sort")
         return FormReport("absent", f"no {ADAPTIVE} and no call to {AUX_KERNEL}", **common)
     if impl is None or adaptive is None:
-        return unknown(
-            f"{AUX_KERNEL} is called but {SORT_IMPL if impl is None else ADAPTIVE} is missing"
-        )
+        gone = SORT_IMPL if impl is None else ADAPTIVE
+        return unknown(f"{AUX_KERNEL} is called but {gone} is missing")
     common["impl_params"] = param_names(impl)
     missing = [p for p in IMPL_PARAMS_READ if p not in common["impl_params"]]
     if missing or impl.args.vararg or impl.args.kwarg:
@@ -127,16 +125,13 @@ def analyze_source(source: str) -> FormReport:
     a = adaptive.args
     positional, kwonly = _positional(adaptive), tuple(x.arg for x in a.kwonlyargs)
     if positional != ADAPTIVE_POSITIONAL:
-        return unknown(
-            f"{ADAPTIVE} positional parameters {positional} differ from {ADAPTIVE_POSITIONAL}"
-        )
+        why = f"positional parameters {positional} differ from {ADAPTIVE_POSITIONAL}"
+        return unknown(f"{ADAPTIVE} {why}")
     if [k for k in kwonly if k != COUNT] != list(ADAPTIVE_KWONLY) or a.vararg or a.kwarg:
         return unknown(f"{ADAPTIVE} keyword-only parameters {kwonly} differ from {ADAPTIVE_KWONLY}")
     # Our adaptive_moe_sort counts too: the patches/aiter-count-dropped.diff route.
-    adaptive_passes = any(
-        call_name(n) in (AUX_KERNEL, "adaptive_moe_sort") and _passes(n, COUNT)
-        for n in _calls(adaptive)
-    )
+    sorts = [n for n in _calls(adaptive) if call_name(n) in (AUX_KERNEL, "adaptive_moe_sort")]
+    adaptive_passes = any(_passes(n, COUNT) for n in sorts)
     branch = _adaptive_branch(impl)
     if isinstance(branch, str):
         return unknown(f"{SORT_IMPL}: {branch}")
@@ -158,10 +153,8 @@ def analyze_source(source: str) -> FormReport:
     if unsupported is not None:
         common["unsupported_params"] = param_names(unsupported)
         if COUNT not in common["unsupported_params"]:
-            if any(
-                COUNT in (getattr(n, "id", None), getattr(n, "attr", None))
-                for n in ast.walk(unsupported)
-            ):
+            read = {getattr(n, "id", None) for n in ast.walk(unsupported)}
+            if COUNT in read | {getattr(n, "attr", None) for n in ast.walk(unsupported)}:
                 return unknown(f"{INLINE_UNSUPPORTED} reads {COUNT} but not as a parameter")
         elif _rejects_count(unsupported):
             common["rejects_count"] = True
@@ -171,9 +164,8 @@ def analyze_source(source: str) -> FormReport:
         why = f"{SORT_IMPL} -> {ADAPTIVE} -> {AUX_KERNEL} pass {COUNT}"
         return FormReport("count-honored", why, **common)
     if impl_passes != adaptive_passes:
-        return unknown(
-            f"{COUNT} is threaded only part way (not by {ADAPTIVE if impl_passes else SORT_IMPL})"
-        )
+        gone = ADAPTIVE if impl_passes else SORT_IMPL
+        return unknown(f"{COUNT} is threaded only part way (not by {gone})")
     if impl_passes:
         callers = ", ".join(common["count_dropping_callers"])
         why = f"{callers} call {PUBLIC_SORT}(output_aux=True) without {COUNT}"
@@ -272,9 +264,7 @@ def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, tuple[str, ...], ast.C
         if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And)):
             return why
         backend = [v for v in test.values if _not_in_strings(v)]
-        if len(backend) != 1 or not any(
-            getattr(v, "id", None) == "output_aux" for v in test.values
-        ):
+        if len(backend) != 1 or "output_aux" not in {getattr(v, "id", None) for v in test.values}:
             return why
         var = backend[0].left.id  # type: ignore[attr-defined]
         before = impl.body[:i]
@@ -312,12 +302,9 @@ def _count_dropping_callers(tree: ast.Module) -> list[ast.FunctionDef]:
     ``moe_sorting(..., output_aux=True)`` without passing it."""
 
     def drops(c: ast.Call) -> bool:
-        aux = any(
-            k.arg == "output_aux" and getattr(k.value, "value", None) is True for k in c.keywords
-        )
-        return (
-            call_name(c) == PUBLIC_SORT and aux and not _passes(c, COUNT, _MOE_SORTING_COUNT_INDEX)
-        )
+        aux = [getattr(k.value, "value", None) for k in c.keywords if k.arg == "output_aux"]
+        sorts = call_name(c) == PUBLIC_SORT and any(v is True for v in aux)
+        return sorts and not _passes(c, COUNT, _MOE_SORTING_COUNT_INDEX)
 
     return [
         f
@@ -329,18 +316,13 @@ def _count_dropping_callers(tree: ast.Module) -> list[ast.FunctionDef]:
 def _rejects_count(func: ast.FunctionDef) -> bool:
     """Does ``_mxfp4_inline_sort_unsupported`` return a reason (a non-empty string or
     True, which the hook can re-ask without the count) under an ``if`` on the count?"""
-    for node in ast.walk(func):
-        if not (
-            isinstance(node, ast.If)
-            and COUNT in {getattr(n, "id", None) for n in ast.walk(node.test)}
-        ):
-            continue
+    ifs = [n for n in ast.walk(func) if isinstance(n, ast.If)]
+    for node in (n for n in ifs if COUNT in {getattr(x, "id", None) for x in ast.walk(n.test)}):
         for ret in ast.walk(ast.Module(body=node.body, type_ignores=[])):
             value = getattr(ret, "value", None) if isinstance(ret, ast.Return) else None
+            const = value.value if isinstance(value, ast.Constant) else None
             if isinstance(value, ast.JoinedStr | ast.BinOp) or (
-                isinstance(value, ast.Constant)
-                and value.value
-                and isinstance(value.value, str | bool)
+                const and isinstance(const, str | bool)
             ):
                 return True
     return False
