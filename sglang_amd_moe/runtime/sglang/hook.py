@@ -205,10 +205,8 @@ def _unknown_note(reading: ledger.Reading, where: str, shown: str = "") -> list[
     if reading.known is not None:
         return []
     seen = f"; running it shows {shown}" if shown else ""
-    return [
-        f"unrecognised function in {where} line {reading.lineno}, "
-        f"sha256 {reading.fingerprint or '-'}: {reading.why}{seen}"
-    ]
+    fingerprint = f"sha256 {reading.fingerprint or '-'}: {reading.why}{seen}"
+    return [f"unrecognised function in {where} line {reading.lineno}, {fingerprint}"]
 
 
 def topk_path() -> Path | None:
@@ -338,11 +336,11 @@ class SGLangHook(Target):
         """Keep ``st``; log it unless it repeats the decision logged last (a second
         ``load_plugins()`` probing what the ledger answered)."""
         before = self.status()
-        if before is not None and (before.state, before.form) == (st.state, st.form):
-            if before.detail.get("action") == st.detail.get("action"):
-                with self.lock:
-                    self._status = st
-                return st
+        said = [(x.state, x.form, x.detail.get("action")) for x in (before, st) if x is not None]
+        if len(said) == 2 and said[0] == said[1]:
+            with self.lock:
+                self._status = st
+            return st
         level = logging.WARNING if st.form in ("absent", "unknown") else None
         return self.record(st, level=level)
 
