@@ -8,6 +8,7 @@ anything changed. :class:`Bounded` gives one run
   also interrupts blocking calls; both raise :class:`ProbeAbort`, which ``except Exception``
   does not catch;
 - ``torch.cuda`` out of reach: the trace function stops a call of any of its functions;
+- no garbage collection inside the run (a full one would spend the CPU limit on its own);
 - torch's global settings, and the namespace and containers of every module whose code runs
   (torch, Triton, the standard library and this package aside), put back after (named in
   ``restored`` and ``written``); an ``lru_cache`` that held entries cannot be (``kept``);
@@ -23,6 +24,7 @@ from __future__ import annotations
 import collections
 import copy
 import functools
+import gc
 import operator
 import os
 import signal
@@ -178,7 +180,9 @@ class Bounded:
         self._threads = set(threading.enumerate())
         self._state = _torch_state(self.torch)
         self._previous_trace = sys.gettrace()
-        self._active = True
+        # A full collection of an SGLang process's heap takes 0.1-0.6 s of CPU: the limit.
+        self._gc, self._active = gc.isenabled(), True
+        gc.disable()
         if (
             threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
@@ -194,6 +198,8 @@ class Bounded:
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
         sys.settrace(self._previous_trace)
         self._active = False
+        if self._gc:
+            gc.enable()
         if self._timer:
             signal.setitimer(signal.ITIMER_REAL, 0, 0)
             _let_pending_signals_run()
