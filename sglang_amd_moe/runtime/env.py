@@ -1,13 +1,7 @@
 """Environment switches (all ``SGLANG_AMD_MOE_*``, read at call time) and the one gate both
-hooks sit behind.
-
-The gate (:func:`gate`), asked once per process by the entry points, opens only when
-``SGLANG_AMD_MOE_DISABLE`` is not set, torch is a ROCm build (``torch.version.hip``) or
-``SGLANG_AMD_MOE_FORCE=1``, and the installed Triton (the ``triton`` module: ROCm torch
-brings it as ``pytorch-triton-rocm``, CUDA torch as ``triton``) is at least
-:data:`MIN_TRITON` (the sort kernel uses ``tl.gather``, new in Triton 3.3). Neither torch
-nor Triton is imported to decide: where they are not imported yet, their versions are read
-from their files (importing torch takes seconds).
+hooks sit behind: not ``SGLANG_AMD_MOE_DISABLE``; a ROCm torch (``torch.version.hip``) or
+``SGLANG_AMD_MOE_FORCE=1``; a Triton of at least :data:`MIN_TRITON`. Neither torch nor Triton
+is imported to decide (importing torch takes seconds): their versions are read from files.
 """
 
 from __future__ import annotations
@@ -21,7 +15,6 @@ import sys
 from pathlib import Path
 
 PREFIX = "SGLANG_AMD_MOE_"
-_TRUE = {"1", "true", "yes", "on"}
 
 #: The oldest Triton the kernels run on: the sort uses ``tl.gather`` (Triton 3.3).
 MIN_TRITON: tuple[int, int] = (3, 3)
@@ -32,8 +25,8 @@ _HIP_ASSIGNMENT = re.compile(r"^hip\s*(?::[^=\n]*)?=\s*(.+?)\s*$", re.M)
 
 
 def flag(name: str) -> bool:
-    """True when ``SGLANG_AMD_MOE_<name>`` is set to 1/true/yes/on (case-insensitive)."""
-    return os.environ.get(PREFIX + name, "").strip().lower() in _TRUE
+    """``SGLANG_AMD_MOE_<name>`` is 1/true/yes/on (any case)."""
+    return os.environ.get(PREFIX + name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def disabled() -> bool:
@@ -57,36 +50,32 @@ def verify() -> bool:
 
 
 def strict() -> bool:
-    """``SGLANG_AMD_MOE_STRICT=1``: hook only code the plugin knows (released or patched
-    forms); anything else is left to upstream."""
+    """``SGLANG_AMD_MOE_STRICT=1``: hook only bodies the ledger knows."""
     return flag("STRICT")
 
 
-def _origin(package: str) -> Path | None:
-    """``package/__init__.py`` of an importable top-level package, without importing it
-    (None: none, a namespace package, or one blocked with ``sys.modules[name] = None``)."""
+def _origin_text(package: str, name: str | None = None) -> tuple[Path | None, str]:
+    """``package/__init__.py`` (or its sibling ``name``) of an importable top-level package
+    and its text, without importing it (None: none, a namespace package, or one blocked with
+    ``sys.modules[name] = None``; "": unreadable)."""
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
-        return None
+        return None, ""
     if spec is None or spec.origin in (None, "namespace"):
-        return None
-    return Path(spec.origin)
-
-
-def _read(path: Path) -> str | None:
+        return None, ""
+    path = Path(spec.origin) if name is None else Path(spec.origin).with_name(name)
     try:
-        return path.read_text(encoding="utf-8")
+        return path, path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
-        return None
+        return path, ""
 
 
 def on_rocm() -> bool:
-    """True when the installed torch is a ROCm build (``torch.version.hip``)."""
+    """The installed torch is a ROCm build (``torch.version.hip``)."""
     if "torch" not in sys.modules:
-        origin = _origin("torch")
-        text = _read(origin.with_name("version.py")) if origin is not None else None
-        match = _HIP_ASSIGNMENT.search(text or "")
+        origin, text = _origin_text("torch", "version.py")
+        match = _HIP_ASSIGNMENT.search(text)
         if origin is None or match:
             try:
                 return bool(origin and ast.literal_eval(match.group(1)))
@@ -100,21 +89,16 @@ def on_rocm() -> bool:
 
 
 def triton_version() -> str | None:
-    """The version of the importable ``triton`` module, without importing it.
-
-    None: no ``triton`` module (or one blocked with ``sys.modules["triton"] = None``).
-    "": a ``triton`` module whose version cannot be read.
-    """
+    """The version of the importable ``triton`` module, without importing it (None: no
+    ``triton`` module, or one blocked; "": one whose version cannot be read)."""
     if "triton" in sys.modules:
         mod = sys.modules["triton"]
-        if mod is None:
-            return None
         version = getattr(mod, "__version__", None)
-        return version if isinstance(version, str) else ""
-    origin = _origin("triton")
+        return None if mod is None else version if isinstance(version, str) else ""
+    origin, text = _origin_text("triton")
     if origin is None:
         return None
-    match = _VERSION_ASSIGNMENT.search(_read(origin) or "")
+    match = _VERSION_ASSIGNMENT.search(text)
     if match:
         return match.group(1)
     for dist in _TRITON_DISTRIBUTIONS:
@@ -132,10 +116,8 @@ def parse_version(version: str) -> tuple[int, int] | None:
 
 
 def triton_problem(version: str | None = None) -> str:
-    """Why the installed Triton (or ``version``) cannot run this package's kernels ("" when
-    it can)."""
-    if version is None:
-        version = triton_version()
+    """Why the installed Triton (or ``version``) cannot run the kernels ("" when it can)."""
+    version = triton_version() if version is None else version
     need = ".".join(map(str, MIN_TRITON))
     if version is None:
         return (
@@ -157,8 +139,7 @@ def triton_problem(version: str | None = None) -> str:
 
 
 def gate() -> tuple[bool, str]:
-    """Whether hooks may be registered in this process, and why (the text the log line
-    uses): ``SGLANG_AMD_MOE_DISABLE`` first, then the rule of the module docstring."""
+    """Whether hooks may be registered in this process, and why (the log line's text)."""
     if disabled():
         return False, "disabled by SGLANG_AMD_MOE_DISABLE=1"
     if on_rocm():

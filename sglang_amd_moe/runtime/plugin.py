@@ -1,19 +1,17 @@
 """Plugin entry points: SGLang's ``sglang.srt.plugins`` and vLLM's ``vllm.general_plugins``.
 
 ``register()`` runs once in every SGLang process (launcher, scheduler, DP controller,
-detokenizer), called by ``sglang.srt.plugins.load_plugins()``. It never takes a server down:
-every failure while detecting or hooking, whatever upstream raises (only ``KeyboardInterrupt``
-passes), is logged and leaves upstream untouched, so the plugins after this one still load.
-It makes the package's log line visible, applies the gate once (``env.gate``) and installs
-each target with it: the SGLang hook (``register`` only), then the aiter hook; a closed gate
-is one line for all. Calls are serialised by a lock (made anew in a forked child), so
-threads calling it at once hook once.
+detokenizer), called by ``load_plugins()``. It never takes a server down: any failure
+(only ``KeyboardInterrupt`` passes) is logged and leaves upstream untouched, so the plugins
+after this one still load. It applies the gate once (``env.gate``) and installs each target
+with it; a closed gate is one line for all. A lock (new in a forked child) serialises calls.
 """
 
 from __future__ import annotations
 
-import builtins
+import functools
 import gc
+import importlib
 import logging
 import os
 import threading
@@ -23,7 +21,6 @@ from typing import Any
 from sglang_amd_moe.runtime import env
 
 logger = logging.getLogger("sglang_amd_moe")
-
 _LOCK = threading.RLock()
 
 
@@ -33,7 +30,6 @@ def _new_lock_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_new_lock_in_child)
-_FORMAT = "[%(asctime)s %(process)d] %(name)s %(levelname)s: %(message)s"
 
 
 class _WhenNobodyElsePrints(logging.Filter):
@@ -46,24 +42,20 @@ class _WhenNobodyElsePrints(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         lg: logging.Logger | None = logging.getLogger(record.name)
         while lg is not None:
-            for h in lg.handlers:
-                if h is not self._handler and record.levelno >= h.level:
-                    return False
-            if not lg.propagate:
-                break
-            lg = lg.parent  # type: ignore[assignment]
+            if any(h is not self._handler and record.levelno >= h.level for h in lg.handlers):
+                return False
+            lg = lg.parent if lg.propagate else None  # type: ignore[assignment]
         return True
 
 
 def _make_log_visible() -> None:
     """Make this package's INFO line reach the process's log exactly once.
 
-    SGLang calls ``load_plugins()`` before it configures logging: the root logger has no
-    handler yet (Python's last resort prints WARNING and up only), or an import already
-    called ``logging.basicConfig()`` (0.5.23's scheduler), leaving the root at WARNING. So
-    this logger gets level INFO unless someone set one, and one stderr handler that prints a
-    record only when no other handler on its way to the root would: once SGLang (or anyone)
-    configures a handler, records reach it and ours stays silent.
+    SGLang calls ``load_plugins()`` before it configures logging: the root has no handler
+    yet (Python's last resort prints WARNING and up only), or an import already called
+    ``logging.basicConfig()`` (0.5.23's scheduler), leaving the root at WARNING. So this
+    logger gets level INFO unless someone set one, and a stderr handler that prints a record
+    only while no other handler on its way to the root would.
     """
     if logger.level == logging.NOTSET and logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
@@ -72,42 +64,33 @@ def _make_log_visible() -> None:
     handler = logging.StreamHandler()
     handler._sglang_amd_moe_handler = True  # type: ignore[attr-defined]
     handler.addFilter(_WhenNobodyElsePrints(handler))
-    handler.setFormatter(logging.Formatter(_FORMAT))
+    handler.setFormatter(
+        logging.Formatter("[%(asctime)s %(process)d] %(name)s %(levelname)s: %(message)s")
+    )
     logger.addHandler(handler)
+
+
+def _hook(module: str) -> Any:
+    return importlib.import_module(f"sglang_amd_moe.runtime.{module}").HOOK
+
+
+_sglang = functools.partial(_hook, "sglang.hook")
+_aiter = functools.partial(_hook, "aiter.hook")
+_guard = functools.partial(_hook, "aiter.guard")
 
 
 def register() -> None:
     """SGLang entry point (``sglang.srt.plugins``): the SGLang hook, then the aiter ones."""
-    _run(_targets(sglang=True))
+    _run([("the SGLang hook", "SGLang", _sglang), *_aiter_targets()])
 
 
 def register_vllm() -> None:
     """vLLM entry point (``vllm.general_plugins``): the aiter sort hook and the guard."""
-    _run(_targets(sglang=False))
+    _run(_aiter_targets())
 
 
-def _targets(*, sglang: bool) -> list[tuple[str, str, Callable[[], Any]]]:
-    """(what, whose code, how to get the target) of each hook, in install order."""
-    out = [("the aiter hook", "aiter", _aiter), ("the guard", "aiter", _guard)]
-    return [("the SGLang hook", "SGLang", _sglang), *out] if sglang else out
-
-
-def _sglang() -> Any:
-    from sglang_amd_moe.runtime.sglang.hook import HOOK
-
-    return HOOK
-
-
-def _aiter() -> Any:
-    from sglang_amd_moe.runtime.aiter.hook import HOOK
-
-    return HOOK
-
-
-def _guard() -> Any:
-    from sglang_amd_moe.runtime.aiter.guard import HOOK
-
-    return HOOK
+def _aiter_targets() -> list[tuple[str, str, Callable[[], Any]]]:
+    return [("the aiter hook", "aiter", _aiter), ("the guard", "aiter", _guard)]
 
 
 def _run(targets: list[tuple[str, str, Callable[[], Any]]]) -> None:
@@ -129,10 +112,10 @@ def _run(targets: list[tuple[str, str, Callable[[], Any]]]) -> None:
                     after = target.install((allowed, why))
                     changed |= before is None or before.message != after.message
                 except BaseException as exc:
-                    _swallow(
-                        exc,
-                        f"sglang-amd-moe: {what} could not be installed; {upstream} left untouched",
+                    text = (
+                        f"sglang-amd-moe: {what} could not be installed; {upstream} left untouched"
                     )
+                    _swallow(exc, text)
             if not allowed and changed:
                 logger.info("sglang-amd-moe: %s; nothing hooked", why)
     except BaseException as exc:  # the lock, logging itself: still never raise
@@ -144,10 +127,9 @@ def _run(targets: list[tuple[str, str, Callable[[], Any]]]) -> None:
 
 def _swallow(exc: BaseException, text: str) -> None:
     """Log ``exc`` (with its traceback) and return; re-raise only a KeyboardInterrupt."""
-    if isinstance(exc, KeyboardInterrupt):
-        raise exc
-    group = getattr(builtins, "BaseExceptionGroup", None)  # Python 3.11+
-    if group is not None and isinstance(exc, group) and exc.subgroup(KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt) or (
+        isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt)
+    ):
         raise exc
     try:
         logger.error("%s (%s: %s)", text, type(exc).__name__, exc, exc_info=exc)

@@ -1,20 +1,18 @@
 """The skeleton every hook of this package is built on (after OpenTelemetry's
-``BaseInstrumentor``).
-
-A target subclasses :class:`Target`, names itself (``name``) and writes ``_install(gate)``
-(read the installed code, decide, apply; return the :class:`HookStatus`), ``is_live()`` and
-``_undo()``. The base serialises calls under one lock (made anew in a forked child, where
-the thread that held it does not exist), keeps the last status, logs one line per change of
-state, turns any exception into an ``error`` status (only ``KeyboardInterrupt`` passes) and
-makes ``install`` idempotent. Helpers: :func:`mark`/:func:`find_marked`/:func:`holds` walk
-wrapper chains, :func:`rebind_copies` rebinds ``from m import f`` copies,
-:func:`when_imported` runs a callback right after a module executes.
+``BaseInstrumentor``). A :class:`Target` names itself and writes ``_install(gate)`` (read the
+installed code, decide, apply), ``is_live()`` and ``_undo()``; the base serialises calls under
+one lock, keeps the last status, logs one line per change of state, turns any exception but
+``KeyboardInterrupt`` into an ``error`` status and makes ``install`` idempotent. Below it, the
+helpers the hooks share: wrapper marks, ``from m import f`` copies rebound, the import watch,
+parameters read without binding.
 """
 
 from __future__ import annotations
 
+import ast
 import gc
 import importlib.abc
+import inspect
 import logging
 import os
 import sys
@@ -36,14 +34,9 @@ MARK = "__sglang_amd_moe_original__"
 #: is imported). not-needed: the installed code is right. off: disabled or gated off.
 #: refused: upstream left alone on purpose. error: a failure.
 STATES: tuple[str, ...] = ("live", "pending", "not-needed", "off", "refused", "error")
+LEVELS = {s: logging.WARNING if s in ("refused", "error") else logging.INFO for s in STATES}
 
-#: The level each state's line is logged at (a target may ask for another one).
-LEVELS: dict[str, int] = {
-    **dict.fromkeys(STATES, logging.INFO),
-    **dict.fromkeys(("refused", "error"), logging.WARNING),
-}
-
-#: ``(allowed, why)``: the plugin's gate (``env.gate()``, after ``SGLANG_AMD_MOE_DISABLE``).
+#: ``(allowed, why)``: the plugin's gate (``env.gate()``).
 Gate = tuple[bool, str]
 
 
@@ -51,7 +44,7 @@ Gate = tuple[bool, str]
 class HookStatus:
     """What one hook decided in this process, and the one log line that says so."""
 
-    target: str  # "sglang" or "aiter"
+    target: str  # "sglang", "aiter" or "guard"
     state: str  # one of STATES
     form: str | None  # the form the decision rests on (None: nothing was read)
     message: str  # the log line (the audit shows it too)
@@ -63,7 +56,6 @@ class HookStatus:
 
     @property
     def hooked(self) -> bool:
-        """The wrapper is in place or about to be (``live`` or ``pending``)."""
         return self.state in ("live", "pending")
 
 
@@ -73,13 +65,6 @@ class Refusal:
 
     state: str
     reason: str
-
-
-def same(a: HookStatus | None, b: HookStatus | None) -> bool:
-    """Whether two statuses say the same thing (target, state, form and message)."""
-    if a is None or b is None:
-        return a is b
-    return (a.target, a.state, a.form, a.message) == (b.target, b.state, b.form, b.message)
 
 
 class Target:
@@ -105,15 +90,13 @@ class Target:
         """The wrapper is in place now (possibly under other plugins' wrappers)."""
         raise NotImplementedError
 
-    def _still_hooked(self) -> bool:
-        """A ``live``/``pending`` status still holds (then install() does nothing)."""
+    def _still_hooked(self) -> bool:  # a live or pending status still holds
         return self.is_live()
 
     def install(self, gate: Gate | None = None) -> HookStatus:
         """Decide from the installed code and hook it if it needs it. Never raises;
-        idempotent while the hook is live or pending. ``gate``: the plugin's (default:
-        ``env.gate()``); closed, it records ``off`` without logging: the plugin logs
-        that line once for every target."""
+        idempotent while the hook is live or pending. A closed gate records ``off`` without
+        logging: the plugin logs that line once for every target."""
         if gate is None:
             gate = env.gate()
         with self.lock:
@@ -151,14 +134,21 @@ class Target:
     def record(
         self, status: HookStatus, *, level: int | None = None, exc_info: bool = False
     ) -> HookStatus:
-        """Keep ``status``; log its line when it says something new (at ``level``, else
-        the state's)."""
+        """Keep ``status``; log its line (at ``level``, else the state's) when it says
+        something new."""
         with self.lock:
             previous, self._status = self._status, status
-        if not same(status, previous):
+        said = [(s.target, s.state, s.form, s.message) for s in (status, previous) if s]
+        if len(said) == 1 or said[0] != said[1]:
             chosen = LEVELS[status.state] if level is None else level
             logger.log(chosen, "%s", status.message, exc_info=exc_info)
         return status
+
+    def once(self, key: str, text: str, *, exc_info: bool = False) -> None:
+        """Log ``text`` (a WARNING) the first time ``key`` comes up in a call."""
+        if key not in self._failures:
+            self._failures.add(key)
+            logger.warning("sglang-amd-moe: %s", text, exc_info=exc_info)
 
     def log_call_failure(self, what: str, text: str) -> None:
         """A failure inside a hooked call: its traceback once per ``what`` and install."""
@@ -181,9 +171,11 @@ def _new_locks_in_child() -> None:
 os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
+# --- wrappers --------------------------------------------------------------------------
+
+
 def mark(wrapper: Any, original: Any) -> Any:
-    """Set :data:`MARK` on ``wrapper`` (to ``original``, which a ``__wrapped__`` it sets
-    must equal) and return it."""
+    """Set :data:`MARK` on ``wrapper`` (to the ``original`` it wraps) and return it."""
     setattr(wrapper, MARK, original)
     return wrapper
 
@@ -224,13 +216,7 @@ def holds(fn: Any, obj: Any) -> bool:
     return any(f is obj or closes_over(f, obj) for f in chain(fn))
 
 
-def rebind_copies(
-    original: Any,
-    replacement: Any,
-    *,
-    name: str | None = None,
-    skip: set[tuple[int, str]] | frozenset[tuple[int, str]] = frozenset(),
-) -> list[tuple[types.ModuleType, str]]:
+def rebind_copies(original: Any, replacement: Any, *, name: str | None = None, skip=()) -> list:
     """Point every module attribute that is ``original`` (of ``name`` only, if given) at
     ``replacement``, except ``(id(module), attribute)`` pairs in ``skip``; return them."""
     rebound: list[tuple[types.ModuleType, str]] = []
@@ -250,6 +236,51 @@ def rebind_copies(
             continue
     return rebound
 
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def params_of(fn: Any) -> tuple[str, ...] | None:
+    """``fn``'s parameter names (None: not callable, or no signature)."""
+    try:
+        return tuple(inspect.signature(fn).parameters) if callable(fn) else None
+    except (TypeError, ValueError):
+        return None
+
+
+class Args:
+    """Reads and replaces arguments of calls to ``fn`` by name, without binding them:
+    binding costs microseconds of host time per call."""
+
+    __slots__ = ("positions", "defaults")
+
+    def __init__(self, fn: Any) -> None:
+        params = inspect.signature(fn).parameters.values()
+        self.positions = {p.name: i for i, p in enumerate(params) if p.kind in _POSITIONAL}
+        self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
+
+    def get(self, name: str, args: tuple, kwargs: dict) -> Any:
+        """The argument (else the default, else None)."""
+        if name in kwargs:
+            return kwargs[name]
+        i = self.positions.get(name)
+        return args[i] if i is not None and i < len(args) else self.defaults.get(name)
+
+    def put(self, name: str, value: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """New ``(args, kwargs)`` with ``name`` set where the call passed it (or by keyword)."""
+        i = self.positions.get(name)
+        if name not in kwargs and i is not None and i < len(args):
+            return (*args[:i], value, *args[i + 1 :]), kwargs
+        return args, {**kwargs, name: value}
+
+
+def call_name(call: ast.Call) -> str:
+    """The called name: ``f`` for ``f(...)`` and ``m.f(...)``, "" otherwise."""
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+
+
+# --- the import watch ------------------------------------------------------------------
 
 _WATCHED: dict[str, list[Callable[[types.ModuleType], None]]] = {}
 _busy = threading.local()

@@ -9,7 +9,7 @@ import importlib.util
 import logging
 import sys
 import types
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sglang_amd_moe.runtime.target import (
     Gate,
@@ -22,14 +22,7 @@ from sglang_amd_moe.runtime.target import (
     when_imported,
 )
 
-if TYPE_CHECKING:
-    import torch
-
-logger = logging.getLogger("sglang_amd_moe")
-
 TARGET = "aiter.fused_moe"
-
-
 Patch = collections.namedtuple("Patch", "module attr original replacement")
 
 
@@ -56,11 +49,10 @@ def our_kernels(needed: tuple[str, ...]) -> tuple[Any | None, str]:
     return (None, f"sglang_amd_moe.kernels lacks {', '.join(missing)}") if missing else (module, "")
 
 
-def plain_guard(ids: torch.Tensor, weights: torch.Tensor, num_experts: int, count: Any):
+def plain_guard(ids: Any, weights: Any, num_experts: int, count: Any) -> tuple[Any, Any]:
     """New ``(ids, weights)``: expert 0 and weight 0 where the id is outside ``[0,
-    num_experts)`` or the row is at or past ``count[0]``. Plain torch on the call's device,
-    no host sync (capturable), any integer count: when our kernel fails for a call, this
-    keeps the failure from handing aiter what the plugin is installed to stop."""
+    num_experts)`` or the row is at or past ``count[0]``. Plain torch, no host sync
+    (capturable): a call our kernel fails still never hands aiter what the plugin stops."""
     import torch
 
     valid = (ids >= 0) & (ids < num_experts)
@@ -136,9 +128,3 @@ class ModuleTarget(Target):
             except BaseException as exc:  # noqa: BLE001 - ours must not fail aiter's import
                 text = f"{self.label} failed ({type(exc).__name__}: {exc}); aiter left untouched"
                 self.record(self.make_status("error", None, text), exc_info=True)
-
-    def once(self, key: str, text: str, *, exc_info: bool = False) -> None:
-        """Log ``text`` (a WARNING) the first time ``key`` comes up in a call."""
-        if key not in self._failures:
-            self._failures.add(key)
-            logger.warning("sglang-amd-moe: %s", text, exc_info=exc_info)

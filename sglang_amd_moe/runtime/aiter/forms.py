@@ -1,12 +1,12 @@
 """Classify aiter's MXFP4 aux sort path (``_moe_sorting_impl`` -> ``_adaptive_moe_sort`` ->
 ``aiter.mxfp4_moe_sort``) by the AST of ``aiter/fused_moe.py``: aiter cannot be imported
-without ROCm, and a version string says nothing. Standard library only.
+without ROCm, and a version string says nothing.
 
 ``count-dropped``: the adaptive branch, or an aiter caller above it (aiter main's
 ``_fused_moe_impl``), drops ``num_local_tokens``. ``count-rejected``:
-``_mxfp4_inline_sort_unsupported`` rejects calls for carrying one (the tree aiter PR 7083
-was written against). ``count-honored``: the count reaches the sort. ``absent``: no MXFP4
-aux sort. ``unknown``: anything else, including a path the hook cannot wrap exactly.
+``_mxfp4_inline_sort_unsupported`` rejects calls for carrying one. ``count-honored``: the
+count reaches the sort. ``absent``: no MXFP4 aux sort. ``unknown``: anything else, including
+a path the hook cannot wrap exactly.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 import hashlib
 from dataclasses import dataclass
+
+from sglang_amd_moe.runtime.target import call_name
 
 #: Form -> the one-line action the plugin takes for it (printed by the audit too).
 ACTIONS: dict[str, str] = {
@@ -38,30 +40,26 @@ COUNT = "num_local_tokens"
 PUBLIC_SORT = "moe_sorting"
 
 #: Parameters of ``_moe_sorting_impl`` the hook reads by name (the rest pass through).
-IMPL_PARAMS_READ: tuple[str, ...] = tuple(
+IMPL_PARAMS_READ = tuple(
     "topk_ids topk_weights num_experts model_dim moebuf_dtype block_size expert_mask "
     "num_local_tokens accumulate output_aux".split()
 )
 #: ``_adaptive_moe_sort``'s signature as the hook replaces it: positional, then keyword-only.
-ADAPTIVE_POSITIONAL: tuple[str, ...] = tuple(
-    "topk_ids topk_weights num_experts topk block_size model_dim".split()
-)
-ADAPTIVE_KWONLY: tuple[str, ...] = ("atomic", "emit_aux", "moebuf_dtype")
+ADAPTIVE_POSITIONAL = tuple("topk_ids topk_weights num_experts topk block_size model_dim".split())
+ADAPTIVE_KWONLY = ("atomic", "emit_aux", "moebuf_dtype")
 # How _moe_sorting_impl calls _adaptive_moe_sort: keyword -> its value (as source).
 _ADAPTIVE_CALL_KEYWORDS = {
     "atomic": "accumulate",
     "emit_aux": "True",
     "moebuf_dtype": "moebuf_dtype",
 }
-# Index of num_local_tokens among moe_sorting's positional parameters.
-_MOE_SORTING_COUNT_INDEX = 7
+_MOE_SORTING_COUNT_INDEX = 7  # of num_local_tokens among moe_sorting's positional parameters
 # Names, constants, arithmetic, comparisons and boolean logic: nothing that calls code.
 _PURE_NODES = tuple(
     getattr(ast, n)
-    for n in (
-        "Expression BoolOp And Or UnaryOp Not USub BinOp Add Sub Mult FloorDiv Mod Compare "
-        "Eq NotEq Lt LtE Gt GtE In NotIn Is IsNot Name Load Constant Tuple List Set"
-    ).split()
+    for n in """Expression BoolOp And Or UnaryOp Not USub
+    BinOp Add Sub Mult FloorDiv Mod Compare Eq NotEq Lt LtE Gt GtE In NotIn Is IsNot Name Load
+    Constant Tuple List Set""".split()
 )
 
 
@@ -101,13 +99,10 @@ def analyze_source(source: str) -> FormReport:
     except SyntaxError as exc:
         return FormReport("unknown", f"fused_moe.py does not parse: {exc.msg} (line {exc.lineno})")
     funcs: dict[str, ast.FunctionDef] = {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef):
-            funcs.setdefault(node.name, node)
-    relevant = sorted(
-        (funcs[n] for n in (SORT_IMPL, ADAPTIVE, INLINE_UNSUPPORTED) if n in funcs),
-        key=lambda f: f.lineno,
-    )
+    for node in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        funcs.setdefault(node.name, node)
+    relevant = [funcs[n] for n in (SORT_IMPL, ADAPTIVE, INLINE_UNSUPPORTED) if n in funcs]
+    relevant.sort(key=lambda f: f.lineno)
     text = "\n".join(ast.get_source_segment(source, f) or "" for f in relevant)
     common: dict = {"source_sha256": hashlib.sha256(text.encode()).hexdigest() if relevant else ""}
     impl, adaptive = funcs.get(SORT_IMPL), funcs.get(ADAPTIVE)
@@ -121,27 +116,22 @@ def analyze_source(source: str) -> FormReport:
             return unknown(f"{INLINE_UNSUPPORTED} exists but no MXFP4 aux sort")
         return FormReport("absent", f"no {ADAPTIVE} and no call to {AUX_KERNEL}", **common)
     if impl is None or adaptive is None:
-        return unknown(
-            f"{AUX_KERNEL} is called but {SORT_IMPL if impl is None else ADAPTIVE} is missing"
-        )
+        gone = SORT_IMPL if impl is None else ADAPTIVE
+        return unknown(f"{AUX_KERNEL} is called but {gone} is missing")
     common["impl_params"] = param_names(impl)
     missing = [p for p in IMPL_PARAMS_READ if p not in common["impl_params"]]
     if missing or impl.args.vararg or impl.args.kwarg:
         return unknown(f"{SORT_IMPL} parameters differ from the known ones ({missing})")
     a = adaptive.args
-    positional = tuple(x.arg for x in [*a.posonlyargs, *a.args])
-    kwonly = tuple(x.arg for x in a.kwonlyargs)
+    positional, kwonly = _positional(adaptive), tuple(x.arg for x in a.kwonlyargs)
     if positional != ADAPTIVE_POSITIONAL:
-        return unknown(
-            f"{ADAPTIVE} positional parameters {positional} differ from {ADAPTIVE_POSITIONAL}"
-        )
+        why = f"positional parameters {positional} differ from {ADAPTIVE_POSITIONAL}"
+        return unknown(f"{ADAPTIVE} {why}")
     if [k for k in kwonly if k != COUNT] != list(ADAPTIVE_KWONLY) or a.vararg or a.kwarg:
         return unknown(f"{ADAPTIVE} keyword-only parameters {kwonly} differ from {ADAPTIVE_KWONLY}")
     # Our adaptive_moe_sort counts too: the patches/aiter-count-dropped.diff route.
-    adaptive_passes = any(
-        call_name(n) in (AUX_KERNEL, "adaptive_moe_sort") and _passes(n, COUNT)
-        for n in _calls(adaptive)
-    )
+    sorts = [n for n in _calls(adaptive) if call_name(n) in (AUX_KERNEL, "adaptive_moe_sort")]
+    adaptive_passes = any(_passes(n, COUNT) for n in sorts)
     branch = _adaptive_branch(impl)
     if isinstance(branch, str):
         return unknown(f"{SORT_IMPL}: {branch}")
@@ -163,10 +153,8 @@ def analyze_source(source: str) -> FormReport:
     if unsupported is not None:
         common["unsupported_params"] = param_names(unsupported)
         if COUNT not in common["unsupported_params"]:
-            if any(
-                COUNT in (getattr(n, "id", None), getattr(n, "attr", None))
-                for n in ast.walk(unsupported)
-            ):
+            read = {getattr(n, "id", None) for n in ast.walk(unsupported)}
+            if COUNT in read | {getattr(n, "attr", None) for n in ast.walk(unsupported)}:
                 return unknown(f"{INLINE_UNSUPPORTED} reads {COUNT} but not as a parameter")
         elif _rejects_count(unsupported):
             common["rejects_count"] = True
@@ -176,9 +164,8 @@ def analyze_source(source: str) -> FormReport:
         why = f"{SORT_IMPL} -> {ADAPTIVE} -> {AUX_KERNEL} pass {COUNT}"
         return FormReport("count-honored", why, **common)
     if impl_passes != adaptive_passes:
-        return unknown(
-            f"{COUNT} is threaded only part way (not by {ADAPTIVE if impl_passes else SORT_IMPL})"
-        )
+        gone = ADAPTIVE if impl_passes else SORT_IMPL
+        return unknown(f"{COUNT} is threaded only part way (not by {gone})")
     if impl_passes:
         callers = ", ".join(common["count_dropping_callers"])
         why = f"{callers} call {PUBLIC_SORT}(output_aux=True) without {COUNT}"
@@ -214,21 +201,16 @@ def guard_entry(source: str) -> tuple[str, str]:
     entry = next((e for e in GUARD_ENTRIES if e in funcs), GUARD_ENTRIES[-1])
     if entry not in funcs:
         return entry, "is missing"
-    a = funcs[entry].args
-    positional = tuple(x.arg for x in [*a.posonlyargs, *a.args])
-    return entry, guard_entry_problem(positional, param_names(funcs[entry]))
+    return entry, guard_entry_problem(_positional(funcs[entry]), param_names(funcs[entry]))
 
 
-def call_name(call: ast.Call) -> str:
-    """The called name: ``f`` for ``f(...)`` and ``m.f(...)``, "" otherwise."""
-    f = call.func
-    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+def _positional(func: ast.FunctionDef) -> tuple[str, ...]:
+    return tuple(x.arg for x in [*func.args.posonlyargs, *func.args.args])
 
 
 def param_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
     """Parameter names in order: positional-only, positional-or-keyword, keyword-only."""
-    a = func.args
-    return tuple(x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs])
+    return (*_positional(func), *(x.arg for x in func.args.kwonlyargs))
 
 
 def _calls(node: ast.AST) -> list[ast.Call]:
@@ -237,9 +219,8 @@ def _calls(node: ast.AST) -> list[ast.Call]:
 
 def _passes(call: ast.Call, name: str, index: int | None = None) -> bool:
     """Does ``call`` pass the variable ``name`` (by keyword, or positionally at ``index``)?"""
-    if any(kw.arg == name for kw in call.keywords) or (
-        index is not None and len(call.args) > index
-    ):
+    by_position = index is not None and len(call.args) > index
+    if by_position or any(kw.arg == name for kw in call.keywords):
         return True
     return any(isinstance(a, ast.Name) and a.id == name for a in call.args)
 
@@ -282,23 +263,8 @@ def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, tuple[str, ...], ast.C
         test = node.test
         if not (isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And)):
             return why
-        backend = [
-            v
-            for v in test.values
-            if isinstance(v, ast.Compare)
-            and isinstance(v.left, ast.Name)
-            and len(v.ops) == 1
-            and isinstance(v.ops[0], ast.NotIn)
-            and isinstance(v.comparators[0], ast.Tuple | ast.List | ast.Set)
-            and all(
-                isinstance(c, ast.Constant) and isinstance(c.value, str)
-                for c in v.comparators[0].elts  # type: ignore[attr-defined]
-            )
-        ]
-        if (
-            not any(getattr(v, "id", None) == "output_aux" for v in test.values)
-            or len(backend) != 1
-        ):
+        backend = [v for v in test.values if _not_in_strings(v)]
+        if len(backend) != 1 or "output_aux" not in {getattr(v, "id", None) for v in test.values}:
             return why
         var = backend[0].left.id  # type: ignore[attr-defined]
         before = impl.body[:i]
@@ -321,41 +287,42 @@ def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, tuple[str, ...], ast.C
     return why
 
 
+def _not_in_strings(v: ast.AST) -> bool:
+    """``NAME not in ("a", "b")`` (a tuple, list or set of strings)."""
+    if not (isinstance(v, ast.Compare) and isinstance(v.left, ast.Name) and len(v.ops) == 1):
+        return False
+    seq = v.comparators[0]
+    if not (isinstance(v.ops[0], ast.NotIn) and isinstance(seq, ast.Tuple | ast.List | ast.Set)):
+        return False
+    return all(isinstance(c, ast.Constant) and isinstance(c.value, str) for c in seq.elts)
+
+
 def _count_dropping_callers(tree: ast.Module) -> list[ast.FunctionDef]:
     """Top-level functions with a ``num_local_tokens`` parameter that call
     ``moe_sorting(..., output_aux=True)`` without passing it."""
+
+    def drops(c: ast.Call) -> bool:
+        aux = [getattr(k.value, "value", None) for k in c.keywords if k.arg == "output_aux"]
+        sorts = call_name(c) == PUBLIC_SORT and any(v is True for v in aux)
+        return sorts and not _passes(c, COUNT, _MOE_SORTING_COUNT_INDEX)
+
     return [
-        node
-        for node in tree.body
-        if isinstance(node, ast.FunctionDef)
-        and COUNT in param_names(node)
-        and any(
-            call_name(c) == PUBLIC_SORT
-            and any(
-                kw.arg == "output_aux" and getattr(kw.value, "value", None) is True
-                for kw in c.keywords
-            )
-            and not _passes(c, COUNT, _MOE_SORTING_COUNT_INDEX)
-            for c in _calls(node)
-        )
+        f
+        for f in tree.body
+        if isinstance(f, ast.FunctionDef) and COUNT in param_names(f) and any(map(drops, _calls(f)))
     ]
 
 
 def _rejects_count(func: ast.FunctionDef) -> bool:
     """Does ``_mxfp4_inline_sort_unsupported`` return a reason (a non-empty string or
     True, which the hook can re-ask without the count) under an ``if`` on the count?"""
-    for node in ast.walk(func):
-        if isinstance(node, ast.If) and any(
-            getattr(n, "id", None) == COUNT for n in ast.walk(node.test)
-        ):
-            for ret in ast.walk(ast.Module(body=node.body, type_ignores=[])):
-                value = getattr(ret, "value", None) if isinstance(ret, ast.Return) else None
-                if (
-                    isinstance(value, ast.Constant)
-                    and value.value
-                    and isinstance(value.value, str | bool)
-                ):
-                    return True
-                if isinstance(value, ast.JoinedStr | ast.BinOp):
-                    return True
+    ifs = [n for n in ast.walk(func) if isinstance(n, ast.If)]
+    for node in (n for n in ifs if COUNT in {getattr(x, "id", None) for x in ast.walk(n.test)}):
+        for ret in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+            value = getattr(ret, "value", None) if isinstance(ret, ast.Return) else None
+            const = value.value if isinstance(value, ast.Constant) else None
+            if isinstance(value, ast.JoinedStr | ast.BinOp) or (
+                const and isinstance(const, str | bool)
+            ):
+                return True
     return False

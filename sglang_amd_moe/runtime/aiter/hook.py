@@ -1,12 +1,12 @@
 """The aiter sort hook: aiter's MXFP4 (a4w4) aux sort honours ``num_local_tokens`` (the
-real row count of a padded CUDA-graph batch) where aiter drops or rejects it. Per form
-(``forms``): ``count-dropped``: ``_moe_sorting_impl`` is wrapped, and an adaptive-branch
-call (upstream's own condition, evaluated) without an expert mask, with a count of its own
-or one its aiter caller dropped (read from that caller's frame), goes to
-:func:`sglang_amd_moe.kernels.adaptive_moe_sort`; every other call to aiter, unchanged.
-``count-rejected``: besides, ``_mxfp4_inline_sort_unsupported`` stops rejecting a call
-for its count alone, and ``aiter.mxfp4_moe_sort`` takes one where it does not. Others:
-nothing. When our sort fails for a call, aiter's runs on ``plain_guard``'s routing.
+real row count of a padded CUDA-graph batch) where aiter drops or rejects it.
+
+``count-dropped``: ``_moe_sorting_impl`` is wrapped; an adaptive-branch call (upstream's own
+condition, evaluated) without an expert mask, with a count of its own or one its aiter caller
+dropped (read from that caller's frame), goes to ``kernels.adaptive_moe_sort``; every other
+call to aiter, unchanged. ``count-rejected``: besides, ``_mxfp4_inline_sort_unsupported``
+stops rejecting a call for its count alone, and ``aiter.mxfp4_moe_sort`` takes one. When our
+sort fails for a call, aiter's runs on ``plain_guard``'s routing.
 """
 
 from __future__ import annotations
@@ -21,17 +21,12 @@ from typing import Any
 
 from sglang_amd_moe.runtime.aiter import forms
 from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, apply, our_kernels, plain_guard
-from sglang_amd_moe.runtime.target import HookStatus, Refusal, find_marked, mark
+from sglang_amd_moe.runtime.target import Args, HookStatus, Refusal, find_marked, mark, params_of
 
 NAME = "aiter"  # HookStatus.target of this hook
 _COUNT = forms.COUNT
 _FIXABLE = ("count-dropped", "count-rejected")
-_KERNELS_NEEDED = ("adaptive_moe_sort", "mxfp4_moe_sort")
-#: How many frames above the hook the caller that dropped the count may be.
-_DEPTH = 8
-
-
-# --- the decision (pure) ---------------------------------------------------------------
+_DEPTH = 8  # how many frames above the hook the caller that dropped the count may be
 
 
 @dataclass(frozen=True)
@@ -52,8 +47,6 @@ class Runtime:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to wrap for a fixable form."""
-
     form: str
     wrap_impl: bool  # _moe_sorting_impl: counted adaptive calls to our sort
     unreject: bool  # _mxfp4_inline_sort_unsupported: no rejection for the count alone
@@ -100,15 +93,8 @@ def decide(report: forms.FormReport, rt: Runtime) -> Plan | Refusal:
     return Plan(form, wrap_impl=wrap_impl, unreject=unreject, accept_count=accept_count)
 
 
-def _params(fn: Any) -> tuple[str, ...] | None:
-    try:
-        return tuple(inspect.signature(fn).parameters) if callable(fn) else None
-    except (TypeError, ValueError):
-        return None
-
-
 def _kernels() -> tuple[Any | None, str]:
-    return our_kernels(_KERNELS_NEEDED)
+    return our_kernels(("adaptive_moe_sort", "mxfp4_moe_sort"))
 
 
 def _runtime(module: types.ModuleType, report: forms.FormReport) -> tuple[Runtime, Any]:
@@ -121,8 +107,8 @@ def _runtime(module: types.ModuleType, report: forms.FormReport) -> tuple[Runtim
     aux = getattr(pkg, forms.AUX_KERNEL, None) if pkg is not None else None
     ours, error = _kernels()
     backend = bool(report.backend_var) and hasattr(module, report.backend_var)
-    rt = Runtime(_params(impl), find_marked(impl) is not None, backend, _params(unsupported),
-                 find_marked(unsupported) is not None, aux is not None, _params(aux),
+    rt = Runtime(params_of(impl), find_marked(impl) is not None, backend, params_of(unsupported),
+                 find_marked(unsupported) is not None, aux is not None, params_of(aux),
                  find_marked(aux) is not None, error)  # fmt: skip
     return rt, ours
 
@@ -141,12 +127,12 @@ class AiterHook(ModuleTarget):
         self.report = None
 
     def _on_loaded(self, module: types.ModuleType) -> HookStatus:
-        """Classify ``module`` (``aiter.fused_moe``), decide, and patch per the plan."""
-        source, origin = _read_source(module)
-        if source is None:
-            text = (
-                f"cannot read the source of {TARGET} ({origin or 'no file'}); aiter left untouched"
-            )
+        origin = getattr(module.__spec__, "origin", None) or getattr(module, "__file__", "") or ""
+        try:
+            source = inspect.getsource(module)
+        except (OSError, TypeError):
+            text = f"cannot read the source of {TARGET} ({origin or 'no file'}); "
+            text += "aiter left untouched"
             return self.record(self.make_status("refused", "unknown", text, origin=origin))
         report = self.report = forms.analyze_source(source)
         detail = {"origin": origin, "reason": report.reason, "sha256": report.source_sha256}
@@ -161,34 +147,21 @@ class AiterHook(ModuleTarget):
             return self.record(
                 self.make_status(decision.state, report.form, text, **detail), level=level
             )
-        plan: list[tuple[types.ModuleType, str, Any, Any]] = []
+        plan, m = [], module
         if decision.wrap_impl:
-            impl = getattr(module, forms.SORT_IMPL)
-            plan.append(
-                (module, forms.SORT_IMPL, impl, _impl_hook(module, impl, report, kernels, self))
-            )
+            f = getattr(m, forms.SORT_IMPL)
+            plan.append((m, forms.SORT_IMPL, f, _impl_hook(m, f, report, kernels, self)))
         if decision.unreject:
-            unsupported = getattr(module, forms.INLINE_UNSUPPORTED)
-            wrapper = _unreject_hook(unsupported, self)
-            plan.append((module, forms.INLINE_UNSUPPORTED, unsupported, wrapper))
+            f = getattr(m, forms.INLINE_UNSUPPORTED)
+            plan.append((m, forms.INLINE_UNSUPPORTED, f, _unreject_hook(f, self)))
         if decision.accept_count:
-            pkg = sys.modules["aiter"]
-            original = getattr(pkg, forms.AUX_KERNEL)
-            plan.append(
-                (pkg, forms.AUX_KERNEL, original, _count_taking_aux(original, kernels, self))
-            )
+            m = sys.modules["aiter"]
+            f = getattr(m, forms.AUX_KERNEL)
+            plan.append((m, forms.AUX_KERNEL, f, _count_taking_aux(f, kernels, self)))
         self.patches = apply(plan)
         patched = sorted({f"{p.module.__name__}.{p.attr}" for p in self.patches})
         text = f"{head} {forms.ACTIONS[report.form]} [{', '.join(patched)}]"
         return self.record(self.make_status("live", report.form, text, patched=patched, **detail))
-
-
-def _read_source(module: types.ModuleType) -> tuple[str | None, str]:
-    origin = getattr(module.__spec__, "origin", None) or getattr(module, "__file__", "") or ""
-    try:
-        return inspect.getsource(module), origin
-    except (OSError, TypeError):
-        return None, origin
 
 
 # --- the three wrappers ----------------------------------------------------------------
@@ -201,10 +174,9 @@ def _fell_back(hook: ModuleTarget, where: str, exc: Exception) -> None:
 
 
 def _count_from_caller(topk_ids: Any, callers: frozenset[str], origin: str, hook) -> Any:
-    """The count of the nearest enclosing named aiter caller sorting this ``topk_ids``
-    (aiter main: ``fused_moe`` -> ``fused_moe_`` (torch custom op) -> ``_fused_moe_impl``
-    -> ``moe_sorting`` -> ``_moe_sorting_impl``, the hook). The frame must be one
-    ``forms`` named, in aiter's own ``fused_moe.py``, holding the very same ``topk_ids``."""
+    """The count of the nearest enclosing aiter caller ``forms`` named (aiter main:
+    ``_fused_moe_impl`` -> ``moe_sorting`` -> the hook), in aiter's own ``fused_moe.py``,
+    holding the very same ``topk_ids``."""
     frame = sys._getframe(2)  # skip this function and _route
     for _ in range(_DEPTH):
         if frame is None:
@@ -223,29 +195,15 @@ def _count_from_caller(topk_ids: Any, callers: frozenset[str], origin: str, hook
 
 def _impl_hook(module: types.ModuleType, impl: Any, report: forms.FormReport, kernels: Any, hook):
     """AROUND hook on ``_moe_sorting_impl`` (see the module docstring)."""
-    sig = inspect.signature(impl)
+    sig, read = inspect.signature(impl), Args(impl)
     test = compile(report.branch_test, "<aiter adaptive branch>", "eval")
     callers = frozenset(report.count_dropping_callers) - set(report.rebinding_callers)
     origin = getattr(module, "__file__", None) or ""
-    # output_aux read without binding: most calls (CK/Opus, output_aux=False) go straight
-    # back to aiter, and binding costs several microseconds of host time per call.
-    aux_param = sig.parameters["output_aux"]
-    aux_pos = (
-        list(sig.parameters).index("output_aux")
-        if aux_param.kind in (aux_param.POSITIONAL_ONLY, aux_param.POSITIONAL_OR_KEYWORD)
-        else None
-    )
-    aux_default = None if aux_param.default is aux_param.empty else aux_param.default
 
     def _route(args: tuple, kwargs: dict) -> tuple[inspect.BoundArguments, Any] | None:
         """The bound call and its count when our sort takes it; None: aiter's."""
-        if "output_aux" in kwargs:
-            output_aux = kwargs["output_aux"]
-        elif aux_pos is not None and aux_pos < len(args):
-            output_aux = args[aux_pos]
-        else:
-            output_aux = aux_default
-        if not output_aux:
+        # Most calls (CK/Opus, output_aux=False) go straight back to aiter, unbound.
+        if not read.get("output_aux", args, kwargs):
             return None
         try:
             bound = sig.bind(*args, **kwargs)
@@ -272,9 +230,8 @@ def _impl_hook(module: types.ModuleType, impl: Any, report: forms.FormReport, ke
         try:
             routed = _route(args, kwargs)
         except Exception:  # deciding failed: aiter's own path decides (and raises) instead
-            hook.log_call_failure(
-                forms.SORT_IMPL, f"routing a {forms.SORT_IMPL} call failed; aiter's own path ran"
-            )
+            text = f"routing a {forms.SORT_IMPL} call failed; aiter's own path ran"
+            hook.log_call_failure(forms.SORT_IMPL, text)
             routed = None
         if routed is None:
             return impl(*args, **kwargs)
@@ -311,10 +268,8 @@ def _unreject_hook(unsupported: Any, hook):
             bound.arguments[_COUNT] = None
             without_count = unsupported(*bound.args, **bound.kwargs)
         except Exception:  # keep aiter's verdict: its other path honours the count
-            hook.log_call_failure(
-                forms.INLINE_UNSUPPORTED,
-                "re-asking aiter without the count failed; aiter's verdict kept",
-            )
+            text = "re-asking aiter without the count failed; aiter's verdict kept"
+            hook.log_call_failure(forms.INLINE_UNSUPPORTED, text)
             return reason
         return without_count if not without_count else reason
 
@@ -323,10 +278,6 @@ def _unreject_hook(unsupported: Any, hook):
 
 def _count_taking_aux(original: Any, kernels: Any, hook):
     """``aiter.mxfp4_moe_sort`` that also takes ``num_local_tokens`` (routed to ours)."""
-    try:
-        orig_sig: inspect.Signature | None = inspect.signature(original)
-    except (TypeError, ValueError):
-        orig_sig = None
     ours = kernels.mxfp4_moe_sort
     our_sig = inspect.signature(ours)
 
@@ -344,17 +295,16 @@ def _count_taking_aux(original: Any, kernels: Any, hook):
             return ours(*args, **kwargs)
         except Exception as exc:  # aiter's kernel, on rows the count marks as padding zeroed
             _fell_back(hook, forms.AUX_KERNEL, exc)
-            rest["topk_ids"], rest["topk_weight"] = plain_guard(
-                rest["topk_ids"], rest["topk_weight"], rest["NE"], count
-            )
+            ids, weights = rest["topk_ids"], rest["topk_weight"]
+            rest["topk_ids"], rest["topk_weight"] = plain_guard(ids, weights, rest["NE"], count)
             return original(**rest)
 
-    if orig_sig is not None:
-        params = list(orig_sig.parameters.values())
-        params.append(
-            inspect.Parameter(_COUNT, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)
-        )
-        mxfp4_moe_sort.__signature__ = orig_sig.replace(parameters=params)  # type: ignore[attr-defined]
+    try:
+        sig = inspect.signature(original)
+        count = inspect.Parameter(_COUNT, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)
+        mxfp4_moe_sort.__signature__ = sig.replace(parameters=[*sig.parameters.values(), count])
+    except (TypeError, ValueError):
+        pass
     # aiter.ops.moe_mxfp4_aux (where aiter defines it) is rebound with the other copies.
     return mark(mxfp4_moe_sort, original)
 

@@ -1,28 +1,22 @@
-"""Limits for running upstream code inside a server process while the plugin decides.
-
-The probe runs SGLang's function in every process that hooks it: that code must not hang
-the process, start CUDA before a scheduler chose its GPU, or leave anything changed.
-:class:`Bounded` gives one run
+"""Limits for running upstream code inside a server process while the plugin decides: that
+code must not hang the process, start CUDA before a scheduler chose its GPU, or leave
+anything changed. :class:`Bounded` gives one run
 
 - a :class:`Deadline` (CPU time of this thread, and wall time: a loaded machine stretches
-  the one, not the other): a trace function (``sys.settrace``) checks it on every call and
-  line of Python code in this thread; in the main thread an interval timer (``SIGALRM``,
-  when nobody else uses it) also interrupts blocking calls such as ``time.sleep``. Both
-  raise :class:`ProbeAbort`, which upstream's ``except Exception`` does not catch;
-- ``torch.cuda`` out of reach: the trace function stops a call of any of its functions
-  (its lazy initialisation, which tensor code calls too, included);
-- torch's global settings put back (:data:`_TORCH_STATE`);
-- the namespace and containers (dict, list, set, deque, bytearray, an empty
-  ``lru_cache``) of every module whose code runs (torch, Triton, the standard library and
-  this package aside) saved before and put back after, named in ``written``; an
-  ``lru_cache`` that held entries cannot be put back (named in ``kept``);
+  the one, not the other), checked by a trace function on every call and line of Python in
+  this thread and, in the main thread, by an interval timer (``SIGALRM``, when unused) that
+  also interrupts blocking calls; both raise :class:`ProbeAbort`, which ``except Exception``
+  does not catch;
+- ``torch.cuda`` out of reach: the trace function stops a call of any of its functions;
+- no garbage collection inside the run (a full one would spend the CPU limit on its own);
+- torch's global settings, and the namespace and containers of every module whose code runs
+  (torch, Triton, the standard library and this package aside), put back after (named in
+  ``restored`` and ``written``); an ``lru_cache`` that held entries cannot be (``kept``);
 - threads it started and left running named in ``threads`` (not stopped).
 
-What it cannot do: a C call that blocks or loops without returning to Python (a sleep or a
-lock wait outside the main thread, a stuck driver call) runs to its end, and the time is
-reported, not bounded; code that catches ``BaseException`` and loops on turns the trace
-function off (Python does after it raises) but not the timer; containers are compared one
-level deep (a nested object or a class attribute written goes unseen).
+Not bounded: a C call that blocks without returning to Python outside the main thread (its
+time is reported); code that catches ``BaseException`` and loops on stops the trace function,
+not the timer; containers are compared one level deep.
 """
 
 from __future__ import annotations
@@ -30,6 +24,7 @@ from __future__ import annotations
 import collections
 import copy
 import functools
+import gc
 import operator
 import os
 import signal
@@ -83,16 +78,13 @@ _TORCH_STATE = {
 
 
 def _torch_state(torch: Any) -> dict[str, Any]:
-    getters = {k: operator.attrgetter(get) for k, (get, _) in _TORCH_STATE.items()}
-    return {k: get(torch)() for k, get in getters.items() if _has(torch, _TORCH_STATE[k][0])}
-
-
-def _has(torch: Any, path: str) -> bool:
-    try:
-        operator.attrgetter(path)(torch)
-        return True
-    except AttributeError:  # an older torch (get_default_device is new in 2.3)
-        return False
+    out = {}
+    for key, (getter, _) in _TORCH_STATE.items():
+        try:
+            out[key] = operator.attrgetter(getter)(torch)()
+        except AttributeError:  # an older torch (get_default_device is new in 2.3)
+            continue
+    return out
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -188,7 +180,9 @@ class Bounded:
         self._threads = set(threading.enumerate())
         self._state = _torch_state(self.torch)
         self._previous_trace = sys.gettrace()
-        self._active = True
+        # A full collection of an SGLang process's heap takes 0.1-0.6 s of CPU: the limit.
+        self._gc, self._active = gc.isenabled(), True
+        gc.disable()
         if (
             threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
@@ -204,14 +198,17 @@ class Bounded:
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
         sys.settrace(self._previous_trace)
         self._active = False
+        if self._gc:
+            gc.enable()
         if self._timer:
             signal.setitimer(signal.ITIMER_REAL, 0, 0)
             _let_pending_signals_run()
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        now = _torch_state(self.torch)
+        torch, now = self.torch, _torch_state(self.torch)
         for key, value in self._state.items():
-            if now[key] is not value and not _equal(self.torch, now[key], value):
-                operator.attrgetter(_TORCH_STATE[key][1])(self.torch)(value)
+            same = torch.equal(now[key], value) if isinstance(value, torch.Tensor) else None
+            if now[key] is not value and not (now[key] == value if same is None else same):
+                operator.attrgetter(_TORCH_STATE[key][1])(torch)(value)
                 self.restored.append(key)
         self._compare()
         self.threads = [
@@ -220,21 +217,12 @@ class Bounded:
         return kind is not None and issubclass(kind, ProbeAbort)
 
 
-def _equal(torch: Any, a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return bool(torch.equal(a, b))
-    return a == b
-
-
 def _put_back(value: Any, saved: Any) -> None:
     if isinstance(value, list | bytearray):
         value[:] = saved
-        return
-    value.clear()
-    if isinstance(value, collections.deque):
-        value.extend(saved)
     else:
-        value.update(saved)
+        value.clear()
+        (value.extend if isinstance(value, collections.deque) else value.update)(saved)
 
 
 def _let_pending_signals_run() -> None:

@@ -3,15 +3,13 @@ each HIP call, as its plan says (the live wrapper and the probe's check of a pla
 
 It fails safe: padded rows leave a hooked call with id 0 and weight 0, or the call raises.
 Where the mask kernel cannot run (a count dtype it refuses, tensors sharing memory, a
-compile or allocation error, Triton's interpreter entered from two threads),
-:func:`mask_fallback_` does the same with torch ops on the call's device (the first
-fallback per reason logged): upstream never gets the padded rows the plan was to mask.
+compile error, Triton's interpreter entered from two threads), :func:`mask_fallback_` does
+the same with torch ops (the first fallback per reason logged).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 import sys
 import types
@@ -29,6 +27,7 @@ from sglang_amd_moe.runtime.sglang.names import (
     TOPK_MODULE,
 )
 from sglang_amd_moe.runtime.sglang.probe import ProbeEnv
+from sglang_amd_moe.runtime.target import Args
 
 
 @dataclass(frozen=True)
@@ -75,8 +74,7 @@ class Call:
 
     plan: Plan
     module: types.ModuleType
-    positions: dict[str, int]
-    defaults: dict[str, Any]
+    args: Args  # of the live function
     mask: Callable[..., None]
     hip_flags: tuple[str, ...]
     predicates: tuple[str, ...]
@@ -84,20 +82,13 @@ class Call:
 
 
 def make_call(plan, mod, live, mask, hip_flags, predicates, on_failure) -> Call:
-    positions, defaults = {}, {}
-    for i, (name, p) in enumerate(inspect.signature(live).parameters.items()):
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            positions[name] = i
-        if p.default is not p.empty:
-            defaults[name] = p.default
     flags = tuple(hip_flags) or (HIP_FLAG,)
-    return Call(plan, mod, positions, defaults, mask, flags, tuple(predicates), on_failure)
+    return Call(plan, mod, Args(live), mask, flags, tuple(predicates), on_failure)
 
 
 def remap_enabled(mod: types.ModuleType | None = None, predicates: tuple[str, ...] = ()) -> bool:
-    """Does a real logical-to-physical expert map exist (EPLB, a non-trivial initial
-    placement or redundant experts)? Upstream's own predicate where the module has one,
-    else the server args read the same way; outside a server False."""
+    """A real logical-to-physical expert map exists (EPLB, a non-trivial initial placement
+    or redundant experts): upstream's predicate, else the server args read the same way."""
     mod = mod if mod is not None else sys.modules.get(TOPK_MODULE)
     for name in (*predicates, *REMAP_PREDICATES):
         fn = getattr(mod, name, None)
@@ -210,43 +201,23 @@ def _mask(call: Call, ids: Any, weights: Any, count: Any) -> None:
             ) from second
 
 
-def _get(call: Call, name: str, args: tuple, kwargs: dict) -> Any:
-    if name in kwargs:
-        return kwargs[name]
-    i = call.positions.get(name)
-    if i is not None and i < len(args):
-        return args[i]
-    return call.defaults.get(name)
-
-
-def _set(call: Call, name: str, value: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    i = call.positions.get(name)
-    if name not in kwargs and i is not None and i < len(args):
-        args = (*args[:i], value, *args[i + 1 :])
-    else:
-        kwargs = {**kwargs, name: value}
-    return args, kwargs
-
-
 def run(call: Call, env: Any, original_fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """One hooked call: the plan around ``original_fn`` (the wrapper's and the probe's)."""
-    plan = call.plan
+    plan, read = call.plan, call.args
     if not env.is_hip():
         return original_fn(*args, **kwargs)
-    n = _get(call, COUNT, args, kwargs)
-    ids = _get(call, "topk_ids", args, kwargs)
-    weights = _get(call, "topk_weights", args, kwargs)
+    n, ids, weights = (read.get(k, args, kwargs) for k in (COUNT, "topk_ids", "topk_weights"))
     if plan.pre_mask and n is not None:
         _mask(call, ids, weights, n)
     call_args, call_kwargs = args, kwargs
     if plan.remap in ("add", "own"):
-        info = _get(call, INFO, args, kwargs)
+        info = read.get(INFO, args, kwargs)
         if plan.remap == "own":
-            call_args, call_kwargs = _set(call, INFO, None, args, kwargs)
+            call_args, call_kwargs = read.put(INFO, None, args, kwargs)
         try:
             if info is not None and env.remap_enabled():
                 remapped = env.remap(ids, info)
-                call_args, call_kwargs = _set(call, "topk_ids", remapped, call_args, call_kwargs)
+                call_args, call_kwargs = read.put("topk_ids", remapped, call_args, call_kwargs)
         except Exception:
             call.on_failure("remap", "the EPLB remap failed; upstream gets the ids unremapped")
     out = original_fn(*call_args, **call_kwargs)
@@ -268,18 +239,12 @@ def _verify(call: Call, out: Any, n: Any, args: tuple, kwargs: dict) -> None:
     pad_ids, pad_w = out_ids[count:], out_weights[count:]
     if pad_ids.numel() == 0:
         return
-    logits, info, cfg, layer = (
-        _get(call, name, args, kwargs)
-        for name in ("router_logits", INFO, "topk_config", "layer_id")
-    )
-    num = max(
-        int(logits.shape[-1]) if logits is not None else 0,
-        int(getattr(info, "num_physical_experts", 0) or 0),
-    )
-    shared = max(
-        int(getattr(cfg, k, 0) or 0) for k in ("num_fused_shared_experts", "num_shared_topk_slots")
-    )
-    bound = (num + shared) or None  # None: no expert count known to check ids against
+    names = ("router_logits", INFO, "topk_config", "layer_id")
+    logits, info, cfg, layer = (call.args.get(k, args, kwargs) for k in names)
+    num = int(logits.shape[-1]) if logits is not None else 0
+    num = max(num, int(getattr(info, "num_physical_experts", 0) or 0))
+    slots = ("num_fused_shared_experts", "num_shared_topk_slots")
+    bound = (num + max(int(getattr(cfg, k, 0) or 0) for k in slots)) or None  # None: no count
     lo, hi = int(pad_ids.min().item()), int(pad_ids.max().item())
     nonzero = int((pad_w != 0).sum().item())
     if lo < 0 or (bound is not None and hi >= bound) or nonzero:

@@ -2,19 +2,16 @@
 
 With CUDA graphs a decode batch is padded to a captured size; rows at and past
 ``num_token_non_padded`` hold garbage router output, which aiter's MoE kernels cannot take.
-Around each HIP call the hook does what its plan says (``call``).
 
-It decides once per process. The ledger reads topk.py's text (nothing imported): a body it
-knows as fixed needs nothing; any other is decided when topk is imported (``pending`` until
-then), so a process that never imports topk pays only the read. With topk imported, the
-probe runs the function on a CPU batch as a HIP process would, :func:`decide` (pure) picks
-the plan, and the plan is kept only if the probe of the hooked call comes out right; all the
-probing of one decision shares one time limit. ``SGLANG_AMD_MOE_STRICT=1`` hooks only bodies
-the ledger knows, with the ledger's plan. Decided inside ``load_plugins()``, the wrapper is
-an AROUND hook in SGLang's ``HookRegistry``; decided at topk's import (or without a
-registry) the hook wraps the function itself. It acts only while the module's HIP flag is
-true at call time. Where it remaps (plans ``add`` and ``own``) it does so before upstream's
-body, so the routed-experts capturer sees physical ids (a fixed release: logical ones).
+It decides once per process. The ledger reads topk.py's text: a body it knows as fixed needs
+nothing; any other is decided when topk is imported, so a process that never imports topk
+pays only the read. Then the probe runs the function on a CPU batch as a HIP process would,
+:func:`decide` (pure) picks the plan, and the plan is kept only if the probe of the hooked
+call comes out right; all the probing of one decision shares one time limit. Decided inside
+``load_plugins()``, the wrapper is an AROUND hook in SGLang's ``HookRegistry``; else it wraps
+the function itself. It acts only while the module's HIP flag is true. Where it remaps, it
+does so before upstream's body, so the routed-experts capturer sees physical ids (a fixed
+release: logical ones).
 """
 
 from __future__ import annotations
@@ -56,10 +53,11 @@ from sglang_amd_moe.runtime.target import (
     HookStatus,
     Refusal,
     Target,
-    chain,
     closes_over,
     find_marked,
     forget,
+    holds,
+    params_of,
     rebind_copies,
     watching,
     when_imported,
@@ -71,13 +69,8 @@ STRICT_REFUSAL = f"left to upstream: {STRICT} hooks only bodies the ledger knows
 UNTOUCHED = "SGLang left untouched"
 
 
-# --- the decision (pure) ---------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Inputs:
-    """Everything :func:`decide` reads."""
-
     params: tuple[str, ...] | None  # the running function's parameters (None: no signature)
     known: ledger.Entry | None  # the ledger's entry for the running body
     observed: ProbeResult | None  # what the probe saw (None: not run)
@@ -88,8 +81,7 @@ class Inputs:
 
 
 def decide(inputs: Inputs) -> Plan | Refusal:
-    """The plan for what was observed (else for what the ledger knows), or why there is
-    none. Pure."""
+    """The plan for what was observed (else for what the ledger knows), or why not. Pure."""
     params, obs, known = inputs.params, inputs.observed, inputs.known
     if params is None:
         return Refusal("error", f"the running function has no signature; {UNTOUCHED}")
@@ -108,11 +100,8 @@ def decide(inputs: Inputs) -> Plan | Refusal:
         plan = Plan(**known.plan) if known.plan else Refusal("not-needed", ACTIONS["fixed"])
     else:
         why = obs.summary() if obs is not None else "not run"
-        return Refusal(
-            "refused",
-            f"the ledger does not know this body and the probe cannot judge it here ({why}); "
-            + UNTOUCHED,
-        )
+        why = f"the ledger does not know this body and the probe cannot judge it here ({why})"
+        return Refusal("refused", f"{why}; {UNTOUCHED}")
     if isinstance(plan, Refusal):
         if plan.state == "not-needed" and inputs.verify:
             return Plan(False, "upstream", False, verify=True)
@@ -140,10 +129,10 @@ def _plan_from_behaviour(obs: ProbeResult, remaps_on_hip: bool) -> Plan | Refusa
         return Refusal("not-needed", ACTIONS["fixed"])
     eplb = off, off_info, on = obs.observations[:3]
     if not all(o.real_weights_same for o in eplb) or "other" in (off.real_ids, off_info.real_ids):
-        why = "; ".join(obs.findings[:3])
-        return Refusal(
-            "refused", f"upstream changes real rows in a way no hook can undo ({why}); {UNTOUCHED}"
+        why = (
+            f"upstream changes real rows in a way no hook can undo ({'; '.join(obs.findings[:3])})"
         )
+        return Refusal("refused", f"{why}; {UNTOUCHED}")
     if off.real_ids == off_info.real_ids == "as-given" and on.real_ids == "remapped-once":
         remap = "upstream"  # its remap is right (a garbage read is cured by the pre-mask)
     elif not (obs.upstream_remaps or remaps_on_hip) and {o.real_ids for o in eplb} == {"as-given"}:
@@ -161,9 +150,6 @@ def _around(original_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if active is None:
         return original_fn(*args, **kwargs)
     return run(active[0], active[1], original_fn, args, kwargs)
-
-
-# --- reading --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -186,7 +172,7 @@ class _Facts:
     """One decision: what it read, the probes it ran (under one deadline), its notes."""
 
     head: str  # "sglang-amd-moe: sglang <version> _post_process_topk_ids"
-    detail: dict[str, Any]  # HookStatus.detail, filled as the decision goes
+    detail: dict[str, Any]  # HookStatus.detail
     reading: ledger.Reading | None = None  # of the running function (else of the file)
     module: Any = None
     live: Any = None  # what the module binds now (wrappers included)
@@ -219,10 +205,8 @@ def _unknown_note(reading: ledger.Reading, where: str, shown: str = "") -> list[
     if reading.known is not None:
         return []
     seen = f"; running it shows {shown}" if shown else ""
-    return [
-        f"unrecognised function in {where} line {reading.lineno}, "
-        f"sha256 {reading.fingerprint or '-'}: {reading.why}{seen}"
-    ]
+    fingerprint = f"sha256 {reading.fingerprint or '-'}: {reading.why}{seen}"
+    return [f"unrecognised function in {where} line {reading.lineno}, {fingerprint}"]
 
 
 def topk_path() -> Path | None:
@@ -241,9 +225,8 @@ def topk_path() -> Path | None:
 
 
 def _running_reading(fn: Any, path: Path, text: str, file_reading: ledger.Reading):
-    """The ledger's reading of the function that runs (under any wrappers), with its own
-    module's text (the file's reading where it is the function the file binds), and the
-    file it comes from."""
+    """The ledger's reading of the function that runs (under any wrappers), in its own
+    module's text, and the file it comes from."""
     try:
         lines, first = inspect.getsourcelines(fn)
         where = inspect.getsourcefile(fn) or ""
@@ -271,8 +254,6 @@ class SGLangHook(Target):
         self.active: tuple[Call, LiveEnv] | None = None  # what the wrapper runs
         self.direct: tuple[Any, Any] | None = None  # (wrapper, original) when we wrapped
         self._at_import = False
-
-    # --- Target ----------------------------------------------------------------------
 
     def _install(self, gate: Gate) -> HookStatus:
         st, call, facts = self._decide(import_now=False)
@@ -307,9 +288,8 @@ class SGLangHook(Target):
         """topk is imported (another thread still executing it does not count: deciding
         then would wait for that import while holding the lock its callback needs)."""
         spec = getattr(sys.modules.get(TOPK_MODULE), "__spec__", None)
-        return TOPK_MODULE in sys.modules and (
-            self._at_import or not getattr(spec, "_initializing", False)
-        )
+        initializing = getattr(spec, "_initializing", False)
+        return TOPK_MODULE in sys.modules and (self._at_import or not initializing)
 
     def _still_hooked(self) -> bool:
         deferred = watching(TOPK_MODULE) and not self._imported()
@@ -329,7 +309,7 @@ class SGLangHook(Target):
         fn = getattr(sys.modules.get(TOPK_MODULE), FUNCTION_NAME, None)
         if find_marked(fn) is not None:
             return True
-        ours = any(closes_over(f, _around) for f in chain(fn))
+        ours = holds(fn, _around)
         applied = registry.hook_applied(TARGET, _around)
         return ours if applied is None else (ours and applied)
 
@@ -352,24 +332,21 @@ class SGLangHook(Target):
             rebind_copies(wrapper, original)
         self.active, self.direct = None, None
 
-    # --- deciding --------------------------------------------------------------------
-
     def _announce(self, st: HookStatus) -> HookStatus:
         """Keep ``st``; log it unless it repeats the decision logged last (a second
         ``load_plugins()`` probing what the ledger answered)."""
         before = self.status()
-        if before is not None and (before.state, before.form) == (st.state, st.form):
-            if before.detail.get("action") == st.detail.get("action"):
-                with self.lock:
-                    self._status = st
-                return st
+        said = [(x.state, x.form, x.detail.get("action")) for x in (before, st) if x is not None]
+        if len(said) == 2 and said[0] == said[1]:
+            with self.lock:
+                self._status = st
+            return st
         level = logging.WARNING if st.form in ("absent", "unknown") else None
         return self.record(st, level=level)
 
     def _read(self, import_now: bool) -> _Facts | HookStatus:
-        """What the decision rests on, or the status that ends it early: no SGLang, a body
-        the ledger answers for while topk is not imported (not needed, refused by the strict
-        switch, or decided at topk's import), an import that fails."""
+        """What the decision rests on, or the status that ends it early (no SGLang, a body
+        the ledger answers for while topk is not imported, an import that fails)."""
         try:
             version = importlib.metadata.version("sglang")
         except importlib.metadata.PackageNotFoundError:
@@ -411,12 +388,7 @@ class SGLangHook(Target):
         facts.detail.update(sha256=facts.reading.fingerprint, lineno=facts.reading.lineno)
         if where and where != str(path):
             facts.detail["path"] = where
-        try:
-            params: tuple[str, ...] | None = tuple(inspect.signature(live).parameters)
-        except (TypeError, ValueError):
-            params = None
-        remap = callable(getattr(mod, REMAP, None))
-        r = facts.reading
+        params, remap, r = params_of(live), callable(getattr(mod, REMAP, None)), facts.reading
         facts.deadline = Deadline.start()  # the probing starts here (after the import)
         observed = None if strict and r.known is None else facts.probe()  # strict: not run
         facts.inputs = Inputs(params, r.known, observed, r.remaps_on_hip, remap, verify, strict)
@@ -508,7 +480,7 @@ class SGLangHook(Target):
         registry.register_around(TARGET, _around, hook_registry)
         if registry.inside_load_plugins(hook_registry):
             return ""  # load_plugins() applies every registered hook right after the plugins
-        registry.apply_hooks(hook_registry)
+        hook_registry.HookRegistry.apply_hooks()
         fn = getattr(mod, FUNCTION_NAME, None)
         if fn is not None and closes_over(fn, _around):
             setattr(fn, MARK, getattr(fn, "__wrapped__", live))
@@ -527,12 +499,10 @@ class SGLangHook(Target):
         rebind_copies(original, wrapper)  # `from ...topk import` copies, aliases included
         self.direct = (wrapper, original)
 
-    # --- for the audit ---------------------------------------------------------------
-
     def preview(self) -> Preview:
-        """What install() would do here on a ROCm machine (the gate ignored,
-        ``SGLANG_AMD_MOE_DISABLE`` honoured), applying, keeping and logging nothing; it
-        imports topk where the decision needs it. Never raises."""
+        """For the audit: what install() would do here on a ROCm machine (the gate ignored,
+        ``SGLANG_AMD_MOE_DISABLE`` honoured), applying, keeping and logging nothing. Never
+        raises."""
         if _env.disabled():
             off = "sglang-amd-moe: disabled by SGLANG_AMD_MOE_DISABLE=1; nothing hooked"
             return Preview(self.make_status("off", None, off))

@@ -2,10 +2,9 @@
 
 The fingerprint of ``_post_process_topk_ids``: its definition and the module-level code it
 uses, as an AST without comments, docstrings, annotations or layout, hashed. The ledger
-(``ledger.json``, written by ``tools/compat/ledger.py`` from the real wheels) maps the
-fingerprint of every released body and of every shipped patch's result to its form and the
-hook's plan; a body it does not know is ``unknown``. Besides, the scans the probe needs:
-the module's HIP flags, its EPLB predicates, whether a non-CUDA path calls the remap.
+(``ledger.json``, generated from the real wheels) maps the fingerprint of every released body
+and of every shipped patch's result to its form and the hook's plan. Besides, the scans the
+probe needs: the module's HIP flags, its EPLB predicates, whether a HIP path calls the remap.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_amd_moe.runtime.sglang import names
+from sglang_amd_moe.runtime.target import call_name
 
 LEDGER_FILE = Path(__file__).with_name("ledger.json")
 BODIES_FILE = Path(__file__).with_name("ledger_bodies.json")
@@ -31,8 +31,6 @@ _IGNORED_FIELDS = frozenset({"ctx", "type_comment", "type_params", "kind", "anno
 
 @dataclass(frozen=True)
 class Entry:
-    """What the ledger knows of one body."""
-
     form: str
     plan: dict[str, Any] | None  # the hook's plan (``Plan`` fields; None: nothing to hook)
     sources: tuple[str, ...]  # ``sglang 0.5.13``, ``sglang 0.5.12 + <patch>``
@@ -64,7 +62,6 @@ class Reading:
 
     @property
     def why(self) -> str:
-        """Why the form is what it is, in one line."""
         if self.binding == "absent":
             return f"no {names.FUNCTION_NAME} bound in topk.py"
         if self.known is not None:
@@ -75,10 +72,8 @@ class Reading:
 @functools.cache
 def entries() -> dict[str, Entry]:
     """The ledger: fingerprint -> entry."""
-    doc = json.loads(LEDGER_FILE.read_text(encoding="utf-8"))
-    return {
-        fp: Entry(e["form"], e["plan"], tuple(e["sources"])) for fp, e in doc["entries"].items()
-    }
+    doc = json.loads(LEDGER_FILE.read_text(encoding="utf-8"))["entries"]
+    return {fp: Entry(e["form"], e["plan"], tuple(e["sources"])) for fp, e in doc.items()}
 
 
 def nearest(body: str) -> dict | None:
@@ -126,8 +121,7 @@ def read(module_text: str, function_source: str | None = None, first_line: int =
 
 @functools.lru_cache(maxsize=4)
 def _parse(text: str) -> ast.Module:
-    """One parse of a text per process (the tree is only read, never changed)."""
-    return ast.parse(text)
+    return ast.parse(text)  # one parse per text and process: the tree is only read
 
 
 def _without_docstrings(node: ast.AST) -> ast.AST:
@@ -156,11 +150,7 @@ def _canon(node: Any) -> str:
 
 
 def _bare_string(node: Any) -> bool:
-    return (
-        isinstance(node, ast.Expr)
-        and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
-    )
+    return isinstance(node, ast.Expr) and isinstance(getattr(node.value, "value", None), str)
 
 
 def _module_statements(stmts: list[ast.stmt]):
@@ -182,12 +172,10 @@ def _bound(stmt: ast.stmt) -> set[str]:
     if isinstance(stmt, ast.Import | ast.ImportFrom):
         return {(a.asname or a.name).split(".")[0] for a in stmt.names}
     targets: list[ast.AST] = []
-    if isinstance(stmt, ast.Assign):
+    if isinstance(stmt, ast.Assign | ast.Delete):
         targets = stmt.targets
     elif isinstance(stmt, ast.AnnAssign | ast.AugAssign | ast.For | ast.AsyncFor):
         targets = [stmt.target]
-    elif isinstance(stmt, ast.Delete):
-        targets = stmt.targets
     elif isinstance(stmt, ast.With | ast.AsyncWith):
         targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
     return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
@@ -244,16 +232,13 @@ def _bound_anywhere(stmt: ast.stmt) -> set[str]:
     return set().union(*(_bound(s) for s in _module_statements([stmt])))
 
 
-# --- the scans --------------------------------------------------------------------------
-
-
 def hip_flags(tree: ast.Module) -> tuple[str, ...]:
     """Module names bound to a HIP probe (``X = is_hip()``, ``torch.version.hip``)."""
     out = set()
     for s in _module_statements(tree.body):
         if isinstance(s, ast.Assign | ast.AnnAssign) and s.value is not None:
             hip = any(
-                (isinstance(c, ast.Call) and _called(c) in names.HIP_CALLS)
+                (isinstance(c, ast.Call) and call_name(c) in names.HIP_CALLS)
                 or (isinstance(c, ast.Attribute) and c.attr == "hip")
                 for c in ast.walk(s.value)
             )
@@ -274,26 +259,17 @@ def predicates(used: list[ast.stmt]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def _called(call: ast.Call) -> str:
-    f = call.func
-    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-
-
 def _remaps(fn: ast.AST, top: dict[str, ast.AST], seen: set[str]) -> bool:
     """A call of the remap outside ``if <not-HIP flag>:`` bodies, here or in a module
     function called from here (conservative: any such path counts)."""
     stack = list(ast.iter_child_nodes(fn))
     while stack:
         n = stack.pop()
-        if (
-            isinstance(n, ast.If)
-            and isinstance(n.test, ast.Name)
-            and n.test.id in names.NOT_HIP_FLAGS
-        ):
+        if isinstance(n, ast.If) and getattr(n.test, "id", None) in names.NOT_HIP_FLAGS:
             stack.extend(n.orelse)
             continue
         if isinstance(n, ast.Call):
-            name = _called(n)
+            name = call_name(n)
             if name == names.REMAP:
                 return True
             if name in top and name not in seen:

@@ -1,13 +1,11 @@
-"""Run ``_post_process_topk_ids`` on a tiny CPU batch the way a HIP process runs it.
+"""Run ``_post_process_topk_ids`` on a tiny CPU batch the way a HIP process runs it: the
+plugin hooks only what it sees wrong, then checks that the hooked call comes out right.
 
-A plugin that makes a correct SGLang wrong is worse than none: the plugin hooks only what it
-sees wrong, then checks that the hooked call comes out right. The function (and every
-module-level function of its module) is re-created over a copy of its module's globals in
-which the platform says HIP, the EPLB predicate answers the scenario, the remap is a
-stand-in that rotates experts (a second remap shows), recorders are silent, the backend is
-not DeepEP and the fused shared-expert append is a torch copy of upstream's kernel; it runs
-under ``bounds.Bounded``. Scenarios, as a server produces them: EPLB off without dispatch
-info (the default server), EPLB off with one, EPLB on, a shared expert appended (aiter).
+The function (and every module-level function of its module) is re-created over a copy of
+its module's globals in which the platform says HIP, the EPLB predicate answers the
+scenario, the remap is a stand-in that rotates experts (a second remap shows), recorders
+are silent, the backend is not DeepEP and the fused shared-expert append is a torch copy of
+upstream's kernel; it runs under ``bounds.Bounded``.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ ROWS, REAL, TOPK, EXPERTS = 8, 5, 4, 16
 PAD_IDS = ((9999, -1, 16, 123456), (-1, -1, -1, -1), (16, 17, 9999, -5))
 SHIFT = 5  # the probe's placement: logical e lives at physical (e + SHIFT) % EXPERTS
 
-#: (name, EPLB on, dispatch info passed, a fused shared expert appended)
+#: (name, EPLB on, dispatch info passed, a fused shared expert appended), as servers run.
 SCENARIOS = (
     ("eplb-off", False, False, False),
     ("eplb-off+info", False, True, False),
@@ -80,7 +78,6 @@ class ProbeResult:
     side_effects: tuple[str, ...] = ()  # what the run changed (put back), threads left
 
     def summary(self) -> str:
-        """One line for logs and the audit."""
         if not self.ran:
             return f"probe not run: {self.why}"
         if self.correct:
@@ -102,12 +99,6 @@ class ProbeResult:
         """Padded weights come out 0 after a shared-expert append (None: not seen)."""
         o = self.scenario("shared-expert")
         return None if o is None or o.raised else o.pad_weights_zero
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-# ----------------------------------------------------------------------- stand-ins
 
 
 @dataclass
@@ -155,8 +146,6 @@ class _EplbArgs:
 
 
 class _Silent:
-    """A recorder or capturer that records nothing."""
-
     def __getattr__(self, name: str) -> Callable[..., None]:
         return lambda *a, **k: None
 
@@ -168,9 +157,7 @@ class _ModuleView:
         self._module, self._overrides = module, overrides
 
     def __getattr__(self, name: str) -> Any:
-        if name in self._overrides:
-            return self._overrides[name]
-        return getattr(self._module, name)
+        return self._overrides[name] if name in self._overrides else getattr(self._module, name)
 
 
 def fused_append_shared_experts(ids_in, w_in, shared, scale, N=None, num_token_non_padded=None):
@@ -193,17 +180,15 @@ def fused_append_shared_experts(ids_in, w_in, shared, scale, N=None, num_token_n
 
 @dataclass
 class ProbeEnv:
-    """What a hook composed with the probed function uses in place of the process's
-    own: the platform, the EPLB predicate and the remap of this scenario."""
+    """The platform, EPLB predicate and remap of a scenario, for a hook composed with the
+    probed function (in place of the process's own)."""
 
     is_hip: Callable[[], bool]
     remap_enabled: Callable[[], bool]
     remap: Callable[..., Any]
 
 
-def _standins(
-    torch: Any, record: _Record, info: DispatchInfo, namespace: Mapping[str, Any]
-) -> dict[str, Any]:
+def _standins(torch: Any, record: _Record, info: DispatchInfo, namespace: Mapping) -> dict:
     perm = info.partial_logical_to_rank_dispatch_physical_map.to(torch.long)
 
     def remap(topk_ids: Any, dispatch_info: Any = None, *rest: Any, **kw: Any) -> Any:
@@ -231,13 +216,7 @@ def _standins(
     return out
 
 
-def _hip_namespace(
-    namespace: Mapping[str, Any],
-    standins: Mapping[str, Any],
-    hip_flags: Iterable[str],
-    predicates: Iterable[str],
-    shared: bool,
-) -> dict[str, Any]:
+def _hip_namespace(namespace: Mapping, standins: Mapping, hip_flags, predicates, shared) -> dict:
     """A copy of ``namespace`` (and of its containers) that says HIP, with the stand-ins,
     and with its own copies of the module's functions bound to it."""
     g = {
@@ -276,14 +255,15 @@ def _hip_namespace(
         **(base if isinstance(base, dict) else vars(base)),
         "__import__": probe_import,
     }
+    return _rebind_all(g, namespace, skip={*standins, *predicates})
+
+
+def _rebind_all(g: dict[str, Any], namespace: Mapping[str, Any], skip=()) -> dict[str, Any]:
+    """``g`` with its functions of ``namespace`` (but those named in ``skip``) bound to it."""
     for name, value in list(g.items()):
-        if (
-            isinstance(value, types.FunctionType)
-            and value.__globals__ is namespace
-            and name not in standins
-            and name not in predicates
-        ):
-            g[name] = rebind(value, g)
+        if isinstance(value, types.FunctionType) and value.__globals__ is namespace:
+            if name not in skip:
+                g[name] = rebind(value, g)
     return g
 
 
@@ -295,9 +275,6 @@ def rebind(fn: types.FunctionType, g: dict[str, Any]) -> types.FunctionType:
     new.__module__ = fn.__module__
     new.__dict__.update(fn.__dict__)
     return new
-
-
-# --------------------------------------------------------------------------- probe
 
 
 Wrap = Callable[[Callable[..., Any], ProbeEnv], Callable[..., Any]]
@@ -313,11 +290,9 @@ def probe(
     deadline: Deadline | None = None,
 ) -> ProbeResult:
     """Run ``fn`` (upstream's function, unwrapped) as a HIP process would in every
-    scenario and compare with a correct release. Never raises. ``namespace``: the globals
-    to copy (default ``fn.__globals__``); ``hip_flags``, ``predicates``: module names that
-    mean HIP and EPLB predicates (``ledger.read``); ``wrap(upstream, env)``: what to run
-    instead, composed with upstream (a hook checking its plan); ``deadline``: when running
-    stops (default: ``bounds``' limits from now)."""
+    scenario and compare with a correct release. Never raises. ``hip_flags``,
+    ``predicates``: as ``ledger.read`` found them; ``wrap(upstream, env)``: what to run
+    instead, composed with upstream (a hook checking its plan)."""
     t0 = time.perf_counter()
     deadline = deadline or Deadline.start()
     try:
@@ -500,9 +475,6 @@ def _judge(obs: list[Observation]) -> ProbeResult:
     return ProbeResult(True, "", False, behaviour, findings, **common)
 
 
-# ------------------------------------------------------------------ entry points
-
-
 def probe_module(module: Any, **kw: Any) -> ProbeResult:
     """Probe the module's ``_post_process_topk_ids`` under any wrappers. Never raises."""
     try:
@@ -539,10 +511,7 @@ def compile_over(module: Any, statements: list[ast.stmt], source: str) -> dict[s
     code = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
     ns = dict(vars(module))
     exec(code, ns)  # noqa: S102 - the rewritten statements, in a copy of the namespace
-    for name, value in list(ns.items()):
-        if isinstance(value, types.FunctionType) and value.__globals__ is vars(module):
-            ns[name] = rebind(value, ns)
-    return ns
+    return _rebind_all(ns, vars(module))
 
 
 def probe_source(module: Any, source: str, **kw: Any) -> ProbeResult:

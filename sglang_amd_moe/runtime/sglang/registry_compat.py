@@ -1,11 +1,9 @@
-"""The one place that reads SGLang's ``HookRegistry`` beyond its public calls.
-
-``sglang.srt.plugins.hook_registry`` (0.5.11 and later) documents ``register(target, hook,
-hook_type)`` and ``apply_hooks()``. The hook also reads ``HookRegistry._hooks`` (target ->
-``(HookType, hook, source)`` entries), ``_patched`` (targets applied: later hooks are
-skipped), the context variable ``_current_plugin_source`` (set inside ``load_plugins()``),
-and ``is_hook_applied`` where a release has it; as read from the 0.5.11 - 0.5.23 wheels.
-Every accessor tolerates a registry without them and imports SGLang only when asked to.
+"""The one place that reads SGLang's ``HookRegistry`` (``sglang.srt.plugins.hook_registry``,
+0.5.11 and later) beyond its documented ``register`` and ``apply_hooks``: ``_hooks`` (target
+-> ``(HookType, hook, source)`` entries), ``_patched`` (targets applied: later hooks are
+skipped), ``_current_plugin_source`` (set inside ``load_plugins()``) and ``is_hook_applied``
+where a release has it, as read from the 0.5.11 - 0.5.23 wheels. Every accessor tolerates a
+registry without them and imports SGLang only when asked to.
 """
 
 from __future__ import annotations
@@ -14,12 +12,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-REGISTRY_MODULE = "sglang.srt.plugins.hook_registry"
+Hook = Callable[..., Any]
 
 
-def loaded() -> Any | None:
-    """The ``hook_registry`` module if SGLang's plugin framework is imported (no import)."""
-    return sys.modules.get(REGISTRY_MODULE)
+def _module(module: Any | None) -> Any | None:
+    return module or sys.modules.get("sglang.srt.plugins.hook_registry")
 
 
 def load() -> Any | None:
@@ -32,14 +29,15 @@ def load() -> Any | None:
 
 
 def _entries(module: Any | None, target: str) -> list:
-    registry = getattr(module or loaded(), "HookRegistry", None)
     try:
-        return getattr(registry, "_hooks", {}).get(target) or []
+        return (
+            getattr(getattr(_module(module), "HookRegistry", None), "_hooks", {}).get(target) or []
+        )
     except (AttributeError, TypeError):
         return []
 
 
-def registered(target: str, hook: Callable[..., Any], module: Any | None = None) -> bool:
+def registered(target: str, hook: Hook, module: Any | None = None) -> bool:
     """``hook`` is in the registry's list for ``target`` (applied or not)."""
     try:
         return any(entry[1] is hook for entry in _entries(module, target))
@@ -50,57 +48,49 @@ def registered(target: str, hook: Callable[..., Any], module: Any | None = None)
 def patched(target: str, module: Any | None = None) -> bool:
     """The registry has applied its hooks to ``target`` (later registrations are skipped)."""
     try:
-        return target in getattr(getattr(module or loaded(), "HookRegistry", None), "_patched", ())
+        return target in getattr(getattr(_module(module), "HookRegistry", None), "_patched", ())
     except TypeError:
         return False
 
 
-def hook_applied(target: str, hook: Callable[..., Any], module: Any | None = None) -> bool | None:
+def hook_applied(target: str, hook: Hook, module: Any | None = None) -> bool | None:
     """``HookRegistry.is_hook_applied`` where the release has it; else None."""
-    query = getattr(getattr(module or loaded(), "HookRegistry", None), "is_hook_applied", None)
+    query = getattr(getattr(_module(module), "HookRegistry", None), "is_hook_applied", None)
     try:
         return bool(query(target, hook)) if callable(query) else None
     except Exception:
         return None
 
 
-def pending(target: str, hook: Callable[..., Any], module: Any | None = None) -> bool:
+def pending(target: str, hook: Hook) -> bool:
     """Registered for ``target`` and not applied yet (inside ``load_plugins()``)."""
-    module = module or loaded()
-    if module is None or not registered(target, hook, module):
+    if not registered(target, hook):
         return False
-    applied = hook_applied(target, hook, module)
-    return not (patched(target, module) if applied is None else applied)
+    applied = hook_applied(target, hook)
+    return not (patched(target) if applied is None else applied)
 
 
 def inside_load_plugins(module: Any | None = None) -> bool:
     """This call runs inside ``load_plugins()`` (which applies the hooks right after)."""
-    current = getattr(module or loaded(), "_current_plugin_source", None)
+    current = getattr(_module(module), "_current_plugin_source", None)
     try:
         return current is not None and current.get() is not None
     except Exception:
         return False
 
 
-def register_around(target: str, hook: Callable[..., Any], module: Any) -> None:
+def register_around(target: str, hook: Hook, module: Any) -> None:
     """``HookRegistry.register(target, hook, HookType.AROUND)``, once."""
     if not registered(target, hook, module):
         module.HookRegistry.register(target, hook, module.HookType.AROUND)
 
 
-def apply_hooks(module: Any) -> None:
-    """``HookRegistry.apply_hooks()`` (idempotent per target)."""
-    module.HookRegistry.apply_hooks()
-
-
-def unregister(target: str, hook: Callable[..., Any], module: Any | None = None) -> bool:
+def unregister(target: str, hook: Hook) -> None:
     """Take ``hook`` out of the registry's list for ``target`` before it is applied."""
-    items = _entries(module, target)
+    items = _entries(None, target)
     try:
         keep = [e for e in items if e[1] is not hook]
-        if len(keep) == len(items):
-            return False
-        items[:] = keep
-        return True
+        if len(keep) != len(items):
+            items[:] = keep
     except (IndexError, TypeError):
-        return False
+        pass
