@@ -51,10 +51,13 @@ demo:
 
 # Per-release SGLang environments layered on .venv (share its torch): the CI subset
 # covers one release of each form (`make compat` builds and runs them all). They and the
-# server layer only read .venv, so they are built side by side.
+# server layer only read .venv, so they are built side by side. The suite runs on every
+# core, up to 4 (pytest-xdist; tests/conftest.py keeps the tests that share a fixture on
+# one worker).
+PYTEST_WORKERS := -n auto --maxprocesses=4
 test: venv
 	$(MAKE) --no-print-directory -j2 $(COMPAT)/server/layer.json ci-releases
-	SGLANG_AMD_MOE_TEST_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q
+	SGLANG_AMD_MOE_TEST_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q $(PYTEST_WORKERS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
