@@ -111,7 +111,7 @@ def _rank(group: str) -> int:
     return next((i for i, p in enumerate(LONGEST_FIRST) if group.startswith(p)), len(LONGEST_FIRST))
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads groups
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         try:
