@@ -15,7 +15,7 @@ SGLANG_MAIN := 0.5.23
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 COMPAT := .compat
 
-.PHONY: venv demo test test-gpu compat bench bench-docs lint format clean gpu-wheels server-wheels server-docs amd-compile
+.PHONY: venv demo test ci-releases test-gpu compat bench bench-docs lint format clean gpu-wheels server-wheels server-docs amd-compile
 
 $(VENV)/.ready: pyproject.toml tools/compat/build_env.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,12 +50,19 @@ demo:
 	@echo "  set up by: make venv; $(PY) tools/compat/releases.py build $(DEMO_RELEASE) (log: $(DEMO_LOG))"
 
 # Per-release SGLang environments layered on .venv (share its torch): the CI subset
-# covers one release of each form (`make compat` builds and runs them all).
-test: venv $(COMPAT)/server/layer.json
-	$(PY) tools/compat/releases.py build-ci
-	SGLANG_AMD_MOE_TEST_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q
+# covers one release of each form (`make compat` builds and runs them all). They and the
+# server layer only read .venv, so they are built side by side. The suite runs on every
+# core, up to 4 (pytest-xdist; tests/conftest.py keeps the tests that share a fixture on
+# one worker).
+PYTEST_WORKERS := -n auto --maxprocesses=4
+test: venv
+	$(MAKE) --no-print-directory -j2 $(COMPAT)/server/layer.json ci-releases
+	SGLANG_AMD_MOE_TEST_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q $(PYTEST_WORKERS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+ci-releases: venv
+	$(PY) tools/compat/releases.py build-ci
 
 # Compile every kernel launch the package makes for gfx942, gfx950 and sm_90 (on the CPU,
 # with the installed Triton) and rewrite tools/amd_compile/results.json and docs/amd.md.

@@ -39,6 +39,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -129,11 +130,7 @@ def wheel(rel: Release) -> Path:
     return build_env.fetch_wheel([str(VENV / "bin" / "python"), "-m", "pip"], rel.version)
 
 
-def build(rel: Release) -> None:
-    if rel.venv == VENV:
-        if not rel.is_built():
-            raise SystemExit(f"{rel.label} lives in .venv: run `make venv` first")
-        return
+def _build_command(rel: Release) -> list[str]:
     cmd = [
         str(VENV / "bin" / "python"),
         str(REPO / "tools" / "compat" / "build_env.py"),
@@ -148,15 +145,52 @@ def build(rel: Release) -> None:
     ]
     if rel.patch:
         cmd += ["--patch", str(REPO / rel.patch)]
-    subprocess.run(cmd, check=True)
+    return cmd
 
 
-def ensure(rels: list[Release]) -> None:
+def build(rel: Release) -> None:
+    if rel.venv == VENV:
+        if not rel.is_built():
+            raise SystemExit(f"{rel.label} lives in .venv: run `make venv` first")
+        return
+    subprocess.run(_build_command(rel), check=True)
+
+
+#: Environments built side by side: each is its own folder and pip process, and they
+#: only read .venv; most of a build waits on the network or on one interpreter.
+BUILD_JOBS = 4
+
+
+def ensure(rels: list[Release], jobs: int = BUILD_JOBS) -> None:
+    """Build the environments of ``rels`` that are not built yet, up to ``jobs`` at once;
+    each build's output is printed whole when it ends."""
+    todo = []
     for rel in rels:
         if rel.is_built():
             print(f"[releases] {rel.label}: ready at {rel.venv}", flush=True)
+        elif rel.venv == VENV:
+            build(rel)  # raises: .venv is made by `make venv`
         else:
+            todo.append(rel)
+    if len(todo) <= 1 or jobs <= 1:
+        for rel in todo:
             build(rel)
+        return
+
+    def one(rel: Release) -> tuple[Release, subprocess.CompletedProcess]:
+        cmd = _build_command(rel)
+        return rel, subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    print(f"[releases] building {', '.join(r.label for r in todo)} ({jobs} at a time)", flush=True)
+    failed = []
+    with ThreadPoolExecutor(jobs) as pool:
+        for rel, proc in pool.map(one, todo):
+            print(f"[releases] {rel.label}: exit {proc.returncode}", flush=True)
+            print(proc.stdout, end="", flush=True)
+            if proc.returncode != 0:
+                failed.append(rel.label)
+    if failed:
+        raise SystemExit(f"[releases] building {', '.join(failed)} failed (output above)")
 
 
 def main(argv: list[str]) -> int:
