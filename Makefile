@@ -54,7 +54,7 @@ demo:
 # server layer only read .venv, so they are built side by side. The suite runs on every
 # core, up to 4 (pytest-xdist; tests/conftest.py keeps the tests that share a fixture on
 # one worker).
-PYTEST_WORKERS := -n auto --maxprocesses=4
+PYTEST_WORKERS := -n auto --maxprocesses=4 --durations=15
 test: venv
 	$(MAKE) --no-print-directory -j2 $(COMPAT)/server/layer.json ci-releases
 	SGLANG_AMD_MOE_TEST_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q $(PYTEST_WORKERS)
