@@ -1,6 +1,6 @@
 """The plugin's own share of plugin load, per process kind: run in a release's interpreter.
 
-``python benchmarks/load_cost.py [REPEATS]`` prints one JSON line per case: fresh
+``python benchmarks/load_cost.py [REPEATS [CASE,...]]`` prints one JSON line per case: fresh
 interpreters that import what that SGLang process imports before ``load_plugins()``, then
 time ``load_plugins()`` with ``SGLANG_PLUGINS`` naming this plugin (on) or another name
 only (off: SGLang discovers and skips it); the share is the difference of the medians.
@@ -59,6 +59,9 @@ print("COST", s, torch_before, "torch" in sys.modules,
 """
 
 
+CASES = ("launcher", "scheduler", "topk-imported", "topk-later", "bare")
+
+
 def measure(case: str, on: bool) -> tuple[float, bool, bool, bool]:
     # Bytecode cached, as an installed package has it (the first run writes it).
     drop = ("SGLANG_AMD_MOE_", "PYTHONDONTWRITEBYTECODE")
@@ -82,10 +85,11 @@ def measure(case: str, on: bool) -> tuple[float, bool, bool, bool]:
 
 def main(argv: list[str]) -> int:
     repeats = int(argv[0]) if argv else 3
+    cases = argv[1].split(",") if len(argv) > 1 else list(CASES)
     import importlib.metadata
 
     version = importlib.metadata.version("sglang")
-    for case in ("launcher", "scheduler", "topk-imported", "topk-later", "bare"):
+    for case in cases:
         row: dict = {
             "sglang": version,
             "case": case,
