@@ -10,7 +10,6 @@ with it; a closed gate is one line for all. A lock (new in a forked child) seria
 from __future__ import annotations
 
 import functools
-import gc
 import importlib
 import logging
 import os
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_amd_moe.runtime import env
+from sglang_amd_moe.runtime import target as target_module
 
 logger = logging.getLogger("sglang_amd_moe")
 _LOCK = threading.RLock()
@@ -94,35 +94,26 @@ def _aiter_targets() -> list[tuple[str, str, Callable[[], Any]]]:
 
 
 def _run(targets: list[tuple[str, str, Callable[[], Any]]]) -> None:
-    # Python's collector paused while the plugin decides: right after SGLang's imports a
-    # full collection of their objects is due (seconds on a busy host), and the plugin's
-    # parse of topk.py would otherwise be the allocation that runs it. It runs later, in
-    # the process's own time, as it would without the plugin.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        with _LOCK:
-            _make_log_visible()
-            allowed, why = env.gate()
-            changed = False
-            for what, upstream, get in targets:
-                try:
-                    target = get()
-                    before = target.status()
-                    after = target.install((allowed, why))
-                    changed |= before is None or before.message != after.message
-                except BaseException as exc:
-                    text = (
-                        f"sglang-amd-moe: {what} could not be installed; {upstream} left untouched"
-                    )
-                    _swallow(exc, text)
-            if not allowed and changed:
-                logger.info("sglang-amd-moe: %s; nothing hooked", why)
-    except BaseException as exc:  # the lock, logging itself: still never raise
-        _swallow(exc, "sglang-amd-moe: the plugin failed; nothing hooked")
-    finally:
-        if collecting:
-            gc.enable()
+    with target_module.collector_paused():
+        try:
+            with _LOCK:
+                _make_log_visible()
+                allowed, why = env.gate()
+                changed = False
+                for what, upstream, get in targets:
+                    try:
+                        target = get()
+                        before = target.status()
+                        after = target.install((allowed, why))
+                        changed |= before is None or before.message != after.message
+                    except BaseException as exc:
+                        text = f"sglang-amd-moe: {what} could not be installed; "
+                        text += f"{upstream} left untouched"
+                        _swallow(exc, text)
+                if not allowed and changed:
+                    logger.info("sglang-amd-moe: %s; nothing hooked", why)
+        except BaseException as exc:  # the lock, logging itself: still never raise
+            _swallow(exc, "sglang-amd-moe: the plugin failed; nothing hooked")
 
 
 def _swallow(exc: BaseException, text: str) -> None:

@@ -10,6 +10,7 @@ parameters read without binding.
 from __future__ import annotations
 
 import ast
+import contextlib
 import gc
 import importlib.abc
 import inspect
@@ -286,6 +287,21 @@ _WATCHED: dict[str, list[Callable[[types.ModuleType], None]]] = {}
 _busy = threading.local()
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's garbage collector off while the plugin decides (at load, and at a watched
+    module's import), then back as it was. Right after SGLang's imports a full collection
+    of their objects is due (seconds on a busy host); the plugin's allocations would
+    otherwise be what runs it. It runs later, in the process's own time."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def when_imported(module: str, callback: Callable[[types.ModuleType], None]) -> None:
     """Call ``callback(module)`` right after ``module`` executes, before its importer
     sees it. One finder on ``sys.meta_path`` serves every module and callback."""
@@ -352,9 +368,7 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)  # upstream's own errors propagate unchanged
-        collecting = gc.isenabled()  # paused while ours run, as during plugin load
-        gc.disable()
-        try:
+        with collector_paused():
             for callback in list(_WATCHED.get(module.__name__, ())):
                 try:
                     callback(module)
@@ -362,9 +376,6 @@ class _Loader(importlib.abc.Loader):
                     raise
                 except BaseException:  # noqa: BLE001 - ours must not fail upstream's import
                     logger.exception("sglang-amd-moe: patching %s failed", module.__name__)
-        finally:
-            if collecting:
-                gc.enable()
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
         return getattr(self._loader, name)
