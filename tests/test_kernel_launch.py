@@ -542,13 +542,11 @@ def test_guard_second_call_allocates_and_launches_directly(direct, monkeypatch, 
     assert len(checks) == 2
 
 
-def test_guard_hits_still_refuse_what_the_full_checks_refuse(direct) -> None:
-    """Warm a signature, then every bad call of the guard's suite raises what it raises
-    without direct programs, with the same message, and launches nothing."""
+def _guard_bad_cases_refused_alike(keyed_alike: set[str]) -> None:
+    """Every bad call of the guard's suite raises what it raises without direct programs,
+    with the same message."""
     from sglang_amd_moe.kernels import guard_routing
 
-    keyed_alike = {"weights on another device"} | _KEYED_ALIKE_ON_CPU if DEV == "cpu" else set()
-    guard_routing(*guard_good()[:2], 257, guard_good()[2])  # registers the good signature
     for label, build in guard_bad_cases():
         if label in keyed_alike:
             continue
@@ -558,6 +556,16 @@ def test_guard_hits_still_refuse_what_the_full_checks_refuse(direct) -> None:
             return lambda: guard_routing(*args), exc, None
 
         _refuses_alike(label, attempt)
+
+
+def test_guard_hits_still_refuse_what_the_full_checks_refuse(direct) -> None:
+    """Warm a signature, then every bad call of the guard's suite raises what it raises
+    without direct programs, with the same message, and launches nothing."""
+    from sglang_amd_moe.kernels import guard_routing
+
+    keyed_alike = {"weights on another device"} | _KEYED_ALIKE_ON_CPU if DEV == "cpu" else set()
+    guard_routing(*guard_good()[:2], 257, guard_good()[2])  # registers the good signature
+    _guard_bad_cases_refused_alike(keyed_alike)
     assert not direct.calls
 
 
@@ -905,15 +913,7 @@ def test_guard_hits_at_a_new_row_count_still_refuse(direct) -> None:
         ids, w, _ = _good_rows(M)
         guard_routing(ids, w, 257, guard_good()[2])
     assert len(direct.calls) == 1  # 8 rows: a hit
-    for label, build in guard_bad_cases():
-        if label in keyed_alike:
-            continue
-
-        def attempt(build=build):
-            args, exc, _ = build(*guard_good())
-            return lambda: guard_routing(*args), exc, None
-
-        _refuses_alike(label, attempt)
+    _guard_bad_cases_refused_alike(keyed_alike)
     assert len(direct.calls) == 1
 
 
