@@ -42,19 +42,29 @@ if case != "bare":  # bare: import nothing of SGLang's (its plugins module impor
         from sglang.srt.plugins import load_plugins
     except ImportError:
         pass
+import gc
+gc_s, gc_full, gc_t = [0.0], [0], [0.0]
+def _collection(phase, info):  # time spent collecting inside the measured window
+    if phase == "start":
+        gc_t[0] = time.perf_counter()
+    else:
+        gc_s[0] += time.perf_counter() - gc_t[0]
+        gc_full[0] += info["generation"] == 2
+if case == "topk-later":
+    load_plugins()
+gc.callbacks.append(_collection)
 t = time.perf_counter()
 if case == "bare" or load_plugins is None:
     if sys.argv[2] == "on":
         from sglang_amd_moe.runtime.plugin import register
         register()
 elif case == "topk-later":
-    load_plugins()
-    t = time.perf_counter()
     importlib.import_module("sglang.srt.layers.moe.topk")
 else:
     load_plugins()
 s = time.perf_counter() - t
-print("COST", s, torch_before, "torch" in sys.modules,
+gc.callbacks.remove(_collection)
+print("COST", s, gc_s[0], gc_full[0], torch_before, "torch" in sys.modules,
       "sglang.srt.layers.moe.topk" in sys.modules)
 """
 
@@ -62,13 +72,13 @@ print("COST", s, torch_before, "torch" in sys.modules,
 CASES = ("launcher", "scheduler", "topk-imported", "topk-later", "bare")
 
 
-def measure(case: str, on: bool) -> tuple[float, bool, bool, bool]:
+def measure(case: str, on: bool) -> tuple[float, bool, bool, bool, float, int]:
     # Bytecode cached, as an installed package has it (the first run writes it).
     drop = ("SGLANG_AMD_MOE_", "PYTHONDONTWRITEBYTECODE")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update(SGLANG_AMD_MOE_FORCE="1", SGLANG_PLUGINS="sglang_amd_moe" if on else "none")
     if case == "bare" and not on:
-        return 0.0, False, False, False
+        return 0.0, False, False, False, 0.0, 0
     out = subprocess.run(
         [sys.executable, "-c", CHILD, case, "on" if on else "off"],
         env=env,
@@ -79,8 +89,8 @@ def measure(case: str, on: bool) -> tuple[float, bool, bool, bool]:
     line = [x for x in out.stdout.splitlines() if x.startswith("COST ")]
     if not line:
         raise RuntimeError(out.stderr.strip().splitlines()[-1])
-    _, s, before, after, topk = line[-1].split()
-    return float(s), before == "True", after == "True", topk == "True"
+    _, s, gc_s, gc_full, before, after, topk = line[-1].split()
+    return float(s), before == "True", after == "True", topk == "True", float(gc_s), int(gc_full)
 
 
 def main(argv: list[str]) -> int:
@@ -107,6 +117,10 @@ def main(argv: list[str]) -> int:
             row[f"{key}_s"] = round(statistics.median(r[0] for r in runs), 3)
             row[f"{key}_torch_before"], row[f"{key}_torch_after"] = runs[0][1], runs[0][2]
             row[f"{key}_topk_after"] = runs[0][3]
+            # Collections inside the window: their time, and how many were full ones (a
+            # full collection walks every object SGLang's imports made: 0.1-0.4 s).
+            row[f"{key}_gc_s"] = round(statistics.median(r[4] for r in runs), 3)
+            row[f"{key}_full_collections"] = [r[5] for r in runs]
         row["load_after"] = round(os.getloadavg()[0], 2)
         if "error" not in row:
             row["share_s"] = round(row["on_s"] - row["off_s"], 3)
