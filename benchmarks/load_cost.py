@@ -6,7 +6,10 @@ time ``load_plugins()`` with ``SGLANG_PLUGINS`` naming this plugin (on) or anoth
 only (off: SGLang discovers and skips it); the share is the difference of the medians.
 Where the release has no loader, on calls ``register()`` and off nothing.
 ``SGLANG_AMD_MOE_FORCE=1`` stands for a ROCm torch; a first, uncounted run writes the
-bytecode an installed package has. Cases:
+bytecode an installed package has.
+``python benchmarks/load_cost.py table FILE COMMIT`` prints the markdown table of FILE's
+rows (JSON lines, each with ``release_env`` and ``commit`` added) measured at COMMIT.
+Cases:
 
 - ``launcher``: ``sglang.launch_server`` imported (torch imported, topk not);
 - ``scheduler``: ``sglang.srt.managers.scheduler`` imported (topk not yet: a scheduler
@@ -93,7 +96,38 @@ def measure(case: str, on: bool) -> tuple[float, bool, bool, bool, float, int]:
     return float(s), before == "True", after == "True", topk == "True", float(gc_s), int(gc_full)
 
 
+def table(path: str, commit: str) -> str:
+    """Markdown: one row per release environment, the share of each case in seconds
+    (with and without the plugin in brackets), and the load average it ran under."""
+    rows = [json.loads(x) for x in open(path) if x.startswith("{")]
+    rows = [r for r in rows if r.get("commit") == commit]
+    cases = [c for c in CASES if any(r["case"] == c for r in rows)]
+    out = ["| release | " + " | ".join(cases) + " | load average |"]
+    out.append("| --- " * (len(cases) + 2) + "|")
+    envs = list(dict.fromkeys(r["release_env"] for r in rows))
+    for env in envs:
+        cells, loads = [], []
+        for case in cases:
+            r = next((r for r in rows if r["release_env"] == env and r["case"] == case), None)
+            if r is None:
+                cells.append("-")
+                continue
+            loads += [r["load_before"], r["load_after"]]
+            if "error" in r:
+                cells.append("does not import here")
+                continue
+            cell = f"{r['share_s']:.3f} ({r['on_s']:.3f} vs {r['off_s']:.3f})"
+            full = sum(r.get("on_full_collections", []))
+            cells.append(cell + (f", {full} full collections" if full else ""))
+        load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
+        out.append(f"| {env} | " + " | ".join(cells) + f" | {load} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "table":
+        print(table(argv[1], argv[2]))
+        return 0
     repeats = int(argv[0]) if argv else 3
     cases = argv[1].split(",") if len(argv) > 1 else list(CASES)
     import importlib.metadata
