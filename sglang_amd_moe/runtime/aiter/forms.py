@@ -87,11 +87,6 @@ class FormReport:
     rejects_count: bool = False  # ... which rejects calls for carrying a count
 
 
-def classify_source(source: str) -> str:
-    """The form of the MXFP4 aux sort path in ``source`` (text of fused_moe.py)."""
-    return analyze_source(source).form
-
-
 def analyze_source(source: str) -> FormReport:
     """Classify ``source`` (text of ``aiter/fused_moe.py``) and say why."""
     try:
@@ -123,7 +118,7 @@ def analyze_source(source: str) -> FormReport:
     if missing or impl.args.vararg or impl.args.kwarg:
         return unknown(f"{SORT_IMPL} parameters differ from the known ones ({missing})")
     a = adaptive.args
-    positional, kwonly = _positional(adaptive), tuple(x.arg for x in a.kwonlyargs)
+    positional, kwonly = positional_params(adaptive), tuple(x.arg for x in a.kwonlyargs)
     if positional != ADAPTIVE_POSITIONAL:
         why = f"positional parameters {positional} differ from {ADAPTIVE_POSITIONAL}"
         return unknown(f"{ADAPTIVE} {why}")
@@ -191,26 +186,14 @@ def guard_entry_problem(positional: tuple[str, ...], names: tuple[str, ...]) -> 
     return f"takes a fused shared expert ({', '.join(shared)})" if shared else ""
 
 
-def guard_entry(source: str) -> tuple[str, str]:
-    """(the entry the guard would wrap, why it cannot: "" when it can) in ``source``."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        return GUARD_ENTRIES[-1], f"cannot be read: fused_moe.py does not parse ({exc.msg})"
-    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    entry = next((e for e in GUARD_ENTRIES if e in funcs), GUARD_ENTRIES[-1])
-    if entry not in funcs:
-        return entry, "is missing"
-    return entry, guard_entry_problem(_positional(funcs[entry]), param_names(funcs[entry]))
-
-
-def _positional(func: ast.FunctionDef) -> tuple[str, ...]:
+def positional_params(func: ast.FunctionDef) -> tuple[str, ...]:
+    """Positional parameter names in order."""
     return tuple(x.arg for x in [*func.args.posonlyargs, *func.args.args])
 
 
 def param_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
     """Parameter names in order: positional-only, positional-or-keyword, keyword-only."""
-    return (*_positional(func), *(x.arg for x in func.args.kwonlyargs))
+    return (*positional_params(func), *(x.arg for x in func.args.kwonlyargs))
 
 
 def _calls(node: ast.AST) -> list[ast.Call]:
