@@ -72,7 +72,6 @@ class FormReport:
     source_sha256: str = ""  # of the sort functions' source, in file order
     impl_params: tuple[str, ...] = ()  # of _moe_sorting_impl
     backend_var: str = ""  # the module variable the adaptive branch tests
-    excluded_backends: tuple[str, ...] = ()  # lower-case, e.g. ("opus", "ck")
     #: The adaptive branch's test, pure over the parameters, ``M``, ``topk`` and
     #: ``backend_var``: the hook evaluates it to decide as upstream does.
     branch_test: str = ""
@@ -83,8 +82,6 @@ class FormReport:
     count_dropping_callers: tuple[str, ...] = ()
     #: except in those that rebind ``num_local_tokens``: it is not the count there.
     rebinding_callers: tuple[str, ...] = ()
-    unsupported_params: tuple[str, ...] = ()  # of _mxfp4_inline_sort_unsupported
-    rejects_count: bool = False  # ... which rejects calls for carrying a count
 
 
 def analyze_source(source: str) -> FormReport:
@@ -130,7 +127,7 @@ def analyze_source(source: str) -> FormReport:
     branch = _adaptive_branch(impl)
     if isinstance(branch, str):
         return unknown(f"{SORT_IMPL}: {branch}")
-    common["backend_var"], common["excluded_backends"], call, common["branch_test"] = branch
+    common["backend_var"], call, common["branch_test"] = branch
     common["adaptive_passes_count"] = adaptive_passes
     names = [x.id if isinstance(x, ast.Name) else None for x in call.args]
     kws = {kw.arg: ast.unparse(kw.value) for kw in call.keywords}
@@ -146,13 +143,11 @@ def analyze_source(source: str) -> FormReport:
     common["count_dropping_callers"] = tuple(f.name for f in dropping)
     common["rebinding_callers"] = tuple(f.name for f in dropping if COUNT in _bound(f.body))
     if unsupported is not None:
-        common["unsupported_params"] = param_names(unsupported)
-        if COUNT not in common["unsupported_params"]:
+        if COUNT not in param_names(unsupported):
             read = {getattr(n, "id", None) for n in ast.walk(unsupported)}
             if COUNT in read | {getattr(n, "attr", None) for n in ast.walk(unsupported)}:
                 return unknown(f"{INLINE_UNSUPPORTED} reads {COUNT} but not as a parameter")
         elif _rejects_count(unsupported):
-            common["rejects_count"] = True
             why = f"{INLINE_UNSUPPORTED} rejects calls that carry {COUNT}"
             return FormReport("count-rejected", why, **common)
     if impl_passes and adaptive_passes and not dropping:
@@ -224,9 +219,9 @@ def _bound(stmts: list[ast.stmt]) -> list[str]:
     return out
 
 
-def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, tuple[str, ...], ast.Call, str] | str:
+def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, ast.Call, str] | str:
     """``if output_aux and VAR not in (...) [and PURE]: return _adaptive_moe_sort(...)`` as
-    (backend variable, excluded backends, the call, the test as source), or why not.
+    (backend variable, the call, the test as source), or why not.
 
     The hook evaluates the test itself, so it must mean at the call what it means upstream:
     a top-level statement after statements that neither return nor raise, reading only
@@ -265,8 +260,7 @@ def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, tuple[str, ...], ast.C
         if read - allowed:
             names = ", ".join(sorted(read - allowed))
             return f"the adaptive branch reads {names}, bound in {SORT_IMPL} before it or locally"
-        excluded = tuple(str(c.value).lower() for c in backend[0].comparators[0].elts)  # type: ignore[attr-defined]
-        return var, excluded, call, ast.unparse(test)
+        return var, call, ast.unparse(test)
     return why
 
 

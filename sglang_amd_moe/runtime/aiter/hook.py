@@ -52,12 +52,6 @@ class Plan:
     unreject: bool  # _mxfp4_inline_sort_unsupported: no rejection for the count alone
     accept_count: bool  # aiter.mxfp4_moe_sort: takes num_local_tokens
 
-    def targets(self) -> tuple[str, ...]:
-        names = [forms.SORT_IMPL] if self.wrap_impl else []
-        names += [forms.INLINE_UNSUPPORTED] if self.unreject else []
-        names += [f"aiter.{forms.AUX_KERNEL}"] if self.accept_count else []
-        return tuple(names)
-
 
 def decide(report: forms.FormReport, rt: Runtime) -> Plan | Refusal:
     """The plan for ``report`` (what the file says) given ``rt`` (what is running). Pure."""
@@ -93,10 +87,6 @@ def decide(report: forms.FormReport, rt: Runtime) -> Plan | Refusal:
     return Plan(form, wrap_impl=wrap_impl, unreject=unreject, accept_count=accept_count)
 
 
-def _kernels() -> tuple[Any | None, str]:
-    return our_kernels(("adaptive_moe_sort", "mxfp4_moe_sort"))
-
-
 def _runtime(module: types.ModuleType, report: forms.FormReport) -> tuple[Runtime, Any]:
     """What the running module offers (and this package's kernels, for fixable forms)."""
     if report.form not in _FIXABLE:
@@ -105,7 +95,7 @@ def _runtime(module: types.ModuleType, report: forms.FormReport) -> tuple[Runtim
     unsupported = getattr(module, forms.INLINE_UNSUPPORTED, None)
     pkg = sys.modules.get("aiter")
     aux = getattr(pkg, forms.AUX_KERNEL, None) if pkg is not None else None
-    ours, error = _kernels()
+    ours, error = our_kernels(("adaptive_moe_sort", "mxfp4_moe_sort"))
     backend = bool(report.backend_var) and hasattr(module, report.backend_var)
     rt = Runtime(params_of(impl), find_marked(impl) is not None, backend, params_of(unsupported),
                  find_marked(unsupported) is not None, aux is not None, params_of(aux),
@@ -118,14 +108,6 @@ class AiterHook(ModuleTarget):
 
     name, what, label = NAME, TARGET, "aiter hook"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.report: forms.FormReport | None = None
-
-    def _undo(self) -> None:
-        super()._undo()
-        self.report = None
-
     def _on_loaded(self, module: types.ModuleType) -> HookStatus:
         origin = getattr(module.__spec__, "origin", None) or getattr(module, "__file__", "") or ""
         try:
@@ -134,7 +116,7 @@ class AiterHook(ModuleTarget):
             text = f"cannot read the source of {TARGET} ({origin or 'no file'}); "
             text += "aiter left untouched"
             return self.record(self.make_status("refused", "unknown", text, origin=origin))
-        report = self.report = forms.analyze_source(source)
+        report = forms.analyze_source(source)
         detail = {"origin": origin, "reason": report.reason, "sha256": report.source_sha256}
         head = f"aiter {origin} form={report.form} ->"
         rt, kernels = _runtime(module, report)
