@@ -26,19 +26,6 @@ TARGET = "aiter.fused_moe"
 Patch = collections.namedtuple("Patch", "module attr original replacement")
 
 
-def apply(plan: list[tuple[types.ModuleType, str, Any, Any]]) -> list[Patch]:
-    """Set every planned attribute, then rebind ``from ... import`` copies of the originals."""
-    applied = [Patch(*p) for p in plan]
-    for p in applied:
-        setattr(p.module, p.attr, p.replacement)
-    done = {(id(p.module), p.attr) for p in applied}
-    for _, attr, original, replacement in plan:
-        for mod, name in rebind_copies(original, replacement, name=attr, skip=done):
-            applied.append(Patch(mod, name, original, replacement))
-            done.add((id(mod), name))
-    return applied
-
-
 def our_kernels(needed: tuple[str, ...]) -> tuple[Any | None, str]:
     """This package's kernels module, or why it cannot serve a hook that calls ``needed``."""
     try:
@@ -98,6 +85,19 @@ class ModuleTarget(Target):
             text = f"{self.label} pending: {TARGET} is patched when it is imported"
             return self.record(self.make_status("pending", None, text), level=logging.DEBUG)
         return self._on_loaded(module)
+
+    def apply(self, plan: list[tuple[types.ModuleType, str, Any, Any]]) -> list[str]:
+        """Set every planned attribute, then rebind ``from ... import`` copies of the
+        originals; keep them all to undo, and return their names."""
+        self.patches = [Patch(*p) for p in plan]
+        for p in self.patches:
+            setattr(p.module, p.attr, p.replacement)
+        done = {(id(p.module), p.attr) for p in self.patches}
+        for _, attr, original, replacement in plan:
+            for mod, name in rebind_copies(original, replacement, name=attr, skip=done):
+                self.patches.append(Patch(mod, name, original, replacement))
+                done.add((id(mod), name))
+        return sorted({f"{p.module.__name__}.{p.attr}" for p in self.patches})
 
     def _still_hooked(self) -> bool:
         st = self._status

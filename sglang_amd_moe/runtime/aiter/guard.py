@@ -22,7 +22,7 @@ import types
 from typing import Any
 
 from sglang_amd_moe.runtime import env
-from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, apply, our_kernels, plain_guard
+from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, our_kernels, plain_guard
 from sglang_amd_moe.runtime.aiter.forms import GUARD_ENTRIES, guard_entry_problem
 from sglang_amd_moe.runtime.target import Args, HookStatus, find_marked, mark, params_of
 
@@ -82,8 +82,7 @@ class GuardHook(ModuleTarget):
                 f"guard not installed: {f'{where} {why}' if why else error}; aiter left untouched"
             )
             return self.record(self.make_status("refused" if why else "error", entry, text))
-        self.patches = apply([(module, entry, fn, _guard_wrapper(fn, ours.guard_routing, self))])
-        patched = sorted({f"{p.module.__name__}.{p.attr}" for p in self.patches})
+        patched = self.apply([(module, entry, fn, _guard_wrapper(fn, ours.guard_routing, self))])
         text = (
             f"guard live at {where}: ids < 0 or >= E (and rows past num_local_tokens) reach "
             "aiter as expert 0 with weight 0, on new tensors"
