@@ -56,8 +56,6 @@ class TinyMoE:
         # w13 = [gate_proj; up_proj] as aiter stores it, w2 = down_proj.
         self.w13 = [randn(e, 2 * i, h, std=1 / math.sqrt(h)) for _ in range(cfg.layers)]
         self.w2 = [randn(e, h, i, std=0.5 / math.sqrt(i)) for _ in range(cfg.layers)]
-        self.norm = torch.ones(h, device=self.device)
-        self.lm_head = randn(cfg.vocab_size, h, std=1 / math.sqrt(h))
 
     def forward(
         self,
