@@ -106,12 +106,18 @@ class Target:
             if not gate[0]:
                 self._status = self.make_status("off", None, f"{gate[1]}; nothing hooked")
                 return self._status
+            return self.guarded(self._install, gate, f"hooking {self.what}")
+
+    def guarded(self, step: Callable[[Any], HookStatus], arg: Any, doing: str) -> HookStatus:
+        """``step(arg)`` under the lock; any exception but ``KeyboardInterrupt`` becomes an
+        ``error`` status, logged with its traceback and never raised."""
+        with self.lock:
             try:
-                return self._install(gate)
+                return step(arg)
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # noqa: BLE001 - never take a server down
-                text = f"hooking {self.what} failed ({type(exc).__name__}: {exc}); "
+                text = f"{doing} failed ({type(exc).__name__}: {exc}); "
                 text += f"{self.upstream} left untouched"
                 return self.record(self.make_status("error", None, text), exc_info=True)
 

@@ -120,11 +120,4 @@ class ModuleTarget(Target):
         self.patches = []
 
     def _on_import(self, module: types.ModuleType) -> None:
-        with self.lock:
-            try:
-                self._on_loaded(module)
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - ours must not fail aiter's import
-                text = f"{self.label} failed ({type(exc).__name__}: {exc}); aiter left untouched"
-                self.record(self.make_status("error", None, text), exc_info=True)
+        self.guarded(self._on_loaded, module, self.label)  # never fails aiter's import
