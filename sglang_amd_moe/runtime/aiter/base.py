@@ -50,8 +50,7 @@ def plain_guard(ids: Any, weights: Any, num_experts: int, count: Any) -> tuple[A
 
 
 class ModuleTarget(Target):
-    """A target on ``aiter.fused_moe``: a subclass writes ``_on_loaded(module)`` and may
-    write ``_off()`` (why it is off; "" when it is not)."""
+    """A target on ``aiter.fused_moe``: a subclass writes ``_on_loaded(module)``."""
 
     upstream = "aiter"
     label = ""  # "aiter hook", "guard": the subject of its log lines
@@ -60,13 +59,7 @@ class ModuleTarget(Target):
         super().__init__()
         self.patches: list[Patch] = []
 
-    def _off(self) -> str:
-        return ""
-
     def _install(self, gate: Gate) -> HookStatus:
-        off = self._off()
-        if off:
-            return self.record(self.make_status("off", None, off))
         module = sys.modules.get(TARGET)
         if module is None:
             try:
