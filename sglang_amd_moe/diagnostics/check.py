@@ -31,14 +31,6 @@ def device(text: str) -> str:
     )
 
 
-def add_options(p: argparse.ArgumentParser) -> None:
-    """The check's options (``demo`` takes the same ones)."""
-    p.add_argument("--device", type=device, default="cpu", help=DEVICE_HELP)
-    p.add_argument("--json", action="store_true", help="print the results as JSON, not a table")
-    p.add_argument("--json-file", metavar="PATH", help="also write the results as JSON to PATH")
-    p.add_argument("--no-rebuilt", action="store_true", help="skip the rebuilt guard form")
-
-
 EPILOG = """exit status:
   0  every row with the plugin matches the unpadded run
   1  a row with the plugin does not match
@@ -54,7 +46,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(p)
+    p.add_argument("--device", type=device, default="cpu", help=DEVICE_HELP)
+    p.add_argument("--json", action="store_true", help="print the results as JSON, not a table")
+    p.add_argument("--json-file", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument("--no-rebuilt", action="store_true", help="skip the rebuilt guard form")
     return p.parse_args(argv)
 
 

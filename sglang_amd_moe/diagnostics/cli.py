@@ -11,15 +11,15 @@ import sys
 from sglang_amd_moe import __version__
 
 PROG = "sglang-amd-moe"
-SUBCOMMANDS = {  # name -> (module under sglang_amd_moe.diagnostics, what it does)
-    "audit": ("audit", "what is installed, what is broken, what the plugin changes"),
-    "check": ("check", "padded-batch end-to-end check on a small MoE model"),
-    "demo": ("demo", "audit and check in each SGLang environment given, one table (`make demo`)"),
+SUBCOMMANDS = {  # name (its module under sglang_amd_moe.diagnostics) -> what it does
+    "audit": "what is installed, what is broken, what the plugin changes",
+    "check": "padded-batch end-to-end check on a small MoE model",
+    "demo": "audit and check in each SGLang environment given, one table (`make demo`)",
 }
 
 
 def usage() -> str:
-    commands = "\n".join(f"  {name:<6} {help_}" for name, (_, help_) in SUBCOMMANDS.items())
+    commands = "\n".join(f"  {name:<6} {help_}" for name, help_ in SUBCOMMANDS.items())
     return f"""\
 usage: {PROG} [--version] [--help] {{{",".join(SUBCOMMANDS)}}} [options]
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        module = importlib.import_module(f"sglang_amd_moe.diagnostics.{SUBCOMMANDS[name][0]}")
+        module = importlib.import_module(f"sglang_amd_moe.diagnostics.{name}")
         status = int(module.main(rest) or 0)
     except KeyboardInterrupt:
         _stderr(f"{PROG} {name}: interrupted")

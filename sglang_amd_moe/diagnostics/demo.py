@@ -74,6 +74,10 @@ class Env:
     def version(self) -> str:
         return self.check.get("sglang") or self.sglang.get("version") or "?"
 
+    @property
+    def check_failed(self) -> bool:  # the check did not run, or left no result
+        return self.check_status == 2 or not self.check
+
 
 def run_audit(env: Env, taken: set[str]) -> None:
     """``audit --json`` in the environment's interpreter; the SGLang version it reports
@@ -180,7 +184,7 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
         "| real rows",
     ]
     for env in envs:
-        if env.check_status == 2 or not env.check:
+        if env.check_failed:
             why = env.check_error.removeprefix("sglang-amd-moe check: ")
             lines.append(f"{env.version:<14}{'':>11} | check could not run: {why}")
             continue
@@ -207,7 +211,7 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
 
 
 def _verdict(envs: list[Env]) -> str:
-    if any(env.check_status == 2 or not env.check for env in envs):
+    if any(env.check_failed for env in envs):
         return "could not run everywhere (see above)"
     if not all(env.check.get("ok") for env in envs):
         return "FAIL: a row with the plugin does not match"
@@ -218,7 +222,7 @@ def _verdict(envs: list[Env]) -> str:
 
 
 def status(envs: list[Env]) -> int:
-    if any(env.check_status == 2 or not env.check or env.audit_status == 2 for env in envs):
+    if any(env.check_failed or env.audit_status == 2 for env in envs):
         return 2
     return 0 if all(env.check.get("ok") for env in envs) else 1
 

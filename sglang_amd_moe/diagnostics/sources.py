@@ -9,15 +9,19 @@ import io
 import os
 import re
 import stat
-import sys
 import tokenize
 from pathlib import Path
+
+from sglang_amd_moe.runtime import env
 
 _FBI = "srt/model_executor/forward_batch_info.py"
 _DRAFTS = [f"srt/speculative/eagle_draft{x}_cuda_graph_runner.py" for x in ("", "_extend")]
 MAX_SOURCE_BYTES = 4 * 1024 * 1024  # SGLang's topk.py is about 130 kB
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device"}
 _KINDS |= {stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO or pipe"}
+
+#: Whether torch here is a ROCm build (None: no torch): the gate's own reading.
+torch_is_rocm = env.on_rocm
 
 
 class SourceError(Exception):
@@ -88,17 +92,6 @@ def distribution(top: str) -> tuple[str | None, str | None]:
         except md.PackageNotFoundError:
             continue
     return None, None
-
-
-def torch_is_rocm() -> bool | None:
-    """Whether torch here is a ROCm build (None: no torch)."""
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "version", None) is not None:
-        return bool(getattr(torch.version, "hip", None))
-    torch_dir = package_dir("torch")
-    text = text_or_none(torch_dir / "version.py") if torch_dir is not None else None
-    hip = re.search(r"^hip\b[^=\n]*=(.*)$", text or "", re.MULTILINE)  # hip: str = '6.2...'
-    return None if text is None else bool(hip) and hip[1].strip() not in ("None", "''", '""')
 
 
 def sglang_counts(root: Path) -> dict[str, str] | None:

@@ -71,21 +71,24 @@ def _origin_text(package: str, name: str | None = None) -> tuple[Path | None, st
         return path, ""
 
 
-def on_rocm() -> bool:
-    """The installed torch is a ROCm build (``torch.version.hip``)."""
+def on_rocm() -> bool | None:
+    """The installed torch is a ROCm build (``torch.version.hip`` is set); None: no torch."""
     if "torch" not in sys.modules:
         origin, text = _origin_text("torch", "version.py")
+        if origin is None:
+            return None
         match = _HIP_ASSIGNMENT.search(text)
-        if origin is None or match:
-            try:
-                return bool(origin and ast.literal_eval(match.group(1)))
-            except (ValueError, SyntaxError):
-                pass  # not a literal: ask torch itself
+        try:
+            if match:
+                return bool(ast.literal_eval(match.group(1)))
+        except (ValueError, SyntaxError):
+            pass  # not a literal: ask torch itself
     try:
         import torch
-    except Exception:  # no torch: certainly not a ROCm SGLang process
-        return False
-    return bool(getattr(torch.version, "hip", None))
+
+        return bool(torch.version.hip)
+    except Exception:  # no torch, or one that does not import
+        return None
 
 
 def triton_version() -> str | None:

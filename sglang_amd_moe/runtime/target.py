@@ -35,7 +35,6 @@ MARK = "__sglang_amd_moe_original__"
 #: is imported). not-needed: the installed code is right. off: disabled or gated off.
 #: refused: upstream left alone on purpose. error: a failure.
 STATES: tuple[str, ...] = ("live", "pending", "not-needed", "off", "refused", "error")
-LEVELS = {s: logging.WARNING if s in ("refused", "error") else logging.INFO for s in STATES}
 
 #: ``(allowed, why)``: the plugin's gate (``env.gate()``).
 Gate = tuple[bool, str]
@@ -107,12 +106,18 @@ class Target:
             if not gate[0]:
                 self._status = self.make_status("off", None, f"{gate[1]}; nothing hooked")
                 return self._status
+            return self.guarded(self._install, gate, f"hooking {self.what}")
+
+    def guarded(self, step: Callable[[Any], HookStatus], arg: Any, doing: str) -> HookStatus:
+        """``step(arg)`` under the lock; any exception but ``KeyboardInterrupt`` becomes an
+        ``error`` status, logged with its traceback and never raised."""
+        with self.lock:
             try:
-                return self._install(gate)
+                return step(arg)
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # noqa: BLE001 - never take a server down
-                text = f"hooking {self.what} failed ({type(exc).__name__}: {exc}); "
+                text = f"{doing} failed ({type(exc).__name__}: {exc}); "
                 text += f"{self.upstream} left untouched"
                 return self.record(self.make_status("error", None, text), exc_info=True)
 
@@ -141,23 +146,23 @@ class Target:
             previous, self._status = self._status, status
         said = [(s.target, s.state, s.form, s.message) for s in (status, previous) if s]
         if len(said) == 1 or said[0] != said[1]:
-            chosen = LEVELS[status.state] if level is None else level
-            logger.log(chosen, "%s", status.message, exc_info=exc_info)
+            if level is None:
+                level = logging.WARNING if status.state in ("refused", "error") else logging.INFO
+            logger.log(level, "%s", status.message, exc_info=exc_info)
         return status
 
-    def once(self, key: str, text: str, *, exc_info: bool = False) -> None:
-        """Log ``text`` (a WARNING) the first time ``key`` comes up in a call."""
-        if key not in self._failures:
-            self._failures.add(key)
-            logger.warning("sglang-amd-moe: %s", text, exc_info=exc_info)
+    def once(
+        self, key: str, text: str, *, level: int = logging.WARNING, exc_info: bool = False
+    ) -> None:
+        """Log ``text`` the first time ``key`` comes up in a hooked call since install, then
+        only at DEBUG: a call that fails, fails on every batch."""
+        first = key not in self._failures
+        self._failures.add(key)
+        logger.log(level if first else logging.DEBUG, "sglang-amd-moe: %s", text, exc_info=exc_info)
 
     def log_call_failure(self, what: str, text: str) -> None:
-        """A failure inside a hooked call: its traceback once per ``what`` and install."""
-        if what in self._failures:
-            logger.debug("sglang-amd-moe: %s failed again", what, exc_info=True)
-            return
-        self._failures.add(what)
-        logger.exception("sglang-amd-moe: %s", text)
+        """A failure inside a hooked call: an ERROR with its traceback, once per ``what``."""
+        self.once(what, text, level=logging.ERROR, exc_info=True)
 
 
 _TARGETS: weakref.WeakSet[Target] = weakref.WeakSet()
@@ -176,7 +181,6 @@ os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
 def mark(wrapper: Any, original: Any) -> Any:
-    """Set :data:`MARK` on ``wrapper`` (to the ``original`` it wraps) and return it."""
     setattr(wrapper, MARK, original)
     return wrapper
 
@@ -335,26 +339,20 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in _WATCHED or getattr(_busy, "active", False):
             return None
+        _busy.active = True  # a finder below may look the module up again: not through us
         try:
-            _busy.active = True
-            try:
-                spec = None
-                for finder in sys.meta_path:
-                    find = getattr(finder, "find_spec", None)
-                    if isinstance(finder, _Finder) or find is None:
-                        continue
-                    spec = find(fullname, path, target)
-                    if spec is not None:
-                        break
-            finally:
-                _busy.active = False
-            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            others = [f for f in sys.meta_path if not isinstance(f, _Finder)]
+            finds = (f.find_spec(fullname, path, target) for f in others if hasattr(f, "find_spec"))
+            spec = next((found for found in finds if found is not None), None)
+            if spec is None or not hasattr(spec.loader, "exec_module"):
                 return None
             spec.loader = _Loader(spec.loader)
             return spec
         except Exception:
             logger.exception("sglang-amd-moe: import hook for %s failed; left untouched", fullname)
             return None
+        finally:
+            _busy.active = False
 
 
 class _Loader(importlib.abc.Loader):

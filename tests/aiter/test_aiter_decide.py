@@ -47,11 +47,6 @@ def test_the_standin_trees_get_their_plans() -> None:
     )
     plan = decide(REJECTED, RUNNING)
     assert plan == Plan("count-rejected", wrap_impl=True, unreject=True, accept_count=True)
-    assert plan.targets() == (
-        "_moe_sorting_impl",
-        "_mxfp4_inline_sort_unsupported",
-        "aiter.mxfp4_moe_sort",
-    )
     # aiter.mxfp4_moe_sort that takes the count already (aiter PR 7083): left alone.
     takes = dataclasses.replace(RUNNING, aux_params=(*AUX, "num_local_tokens"))
     assert decide(REJECTED, takes).accept_count is False
@@ -173,10 +168,10 @@ def test_every_status_is_a_hookstatus(standin_on_path) -> None:
 def test_install_never_raises(standin_on_path, raised: BaseException, caplog) -> None:
     standin_on_path.setenv("SGLANG_AMD_MOE_FORCE", "1")
 
-    def boom():
+    def boom(needed):
         raise raised
 
-    standin_on_path.setattr(aiter_hook, "_kernels", boom)
+    standin_on_path.setattr(aiter_hook, "our_kernels", boom)
     import aiter.fused_moe as fm
 
     with caplog.at_level(logging.WARNING, logger="sglang_amd_moe"):
@@ -189,10 +184,10 @@ def test_install_never_raises(standin_on_path, raised: BaseException, caplog) ->
 def test_keyboard_interrupt_is_not_swallowed(standin_on_path) -> None:
     standin_on_path.setenv("SGLANG_AMD_MOE_FORCE", "1")
 
-    def interrupt():
+    def interrupt(needed):
         raise KeyboardInterrupt
 
-    standin_on_path.setattr(aiter_hook, "_kernels", interrupt)
+    standin_on_path.setattr(aiter_hook, "our_kernels", interrupt)
     import aiter.fused_moe  # noqa: F401
 
     with pytest.raises(KeyboardInterrupt):

@@ -11,7 +11,7 @@ import pytest
 from aiter_testlib import STANDIN
 
 from sglang_amd_moe.runtime.aiter import forms as aiter_forms
-from sglang_amd_moe.runtime.aiter.forms import analyze_source, classify_source
+from sglang_amd_moe.runtime.aiter.forms import analyze_source
 
 SHAPES = STANDIN / "aiter" / "_shapes"
 DROPPED = (SHAPES / "count_dropped" / "fused_moe.py").read_text()
@@ -65,7 +65,6 @@ def test_standin_count_dropped_tree() -> None:
     r = analyze_source(DROPPED)
     assert r.form == "count-dropped"
     assert r.backend_var == "_MOE_SORT_BACKEND"
-    assert r.excluded_backends == ("opus", "ck")
     assert r.branch_test == "output_aux and _MOE_SORT_BACKEND not in ('opus', 'ck')"
     assert not r.impl_passes_count and not r.adaptive_passes_count
     # aiter main's _fused_moe_impl (the body of the custom op fused_moe_) drops the
@@ -78,7 +77,7 @@ def test_standin_count_dropped_tree() -> None:
 def test_standin_count_rejected_tree() -> None:
     r = analyze_source(REJECTED)
     assert r.form == "count-rejected"
-    assert r.rejects_count and "num_local_tokens" in r.unsupported_params
+    assert "rejects calls that carry num_local_tokens" in r.reason
     assert (
         "3 * M * topk < 4 * num_experts" in r.branch_test
     )  # aiter PR 7083's base: the Opus crossover
@@ -90,7 +89,7 @@ def test_count_honored_when_the_count_is_threaded_all_the_way() -> None:
     both = edit(
         honored(DROPPED), FUSED_AUX_CALL, FUSED_AUX_CALL.replace("block_size_M,\n", threaded)
     )
-    assert classify_source(both) == "count-honored"
+    assert analyze_source(both).form == "count-honored"
     # The sort honours it but _fused_moe_impl still drops it: still count-dropped.
     r = analyze_source(honored(DROPPED))
     assert (r.form, r.count_dropping_callers) == ("count-dropped", ("_fused_moe_impl",))
@@ -122,7 +121,7 @@ def test_patched_route_through_our_adaptive_sort_counts_as_honoring() -> None:
             "block_size_M,\n", "block_size_M,\n            None,\n            num_local_tokens,\n"
         ),
     )
-    assert classify_source(s) == "count-honored"
+    assert analyze_source(s).form == "count-honored"
 
 
 def test_rejected_tree_after_pr_7083_is_honored() -> None:
@@ -131,17 +130,17 @@ def test_rejected_tree_after_pr_7083_is_honored() -> None:
         '    if num_local_tokens is not None:\n        return "num_local_tokens"\n',
         "",
     )
-    assert classify_source(s) == "count-honored"
+    assert analyze_source(s).form == "count-honored"
     # Rejection gone but the sort still drops the count: count-dropped.
     s = edit(
         REJECTED, '    if num_local_tokens is not None:\n        return "num_local_tokens"\n', ""
     )
-    assert classify_source(s) == "count-dropped"
+    assert analyze_source(s).form == "count-dropped"
 
 
 def test_absent_without_an_aux_sort() -> None:
-    assert classify_source(OLD_AITER) == "absent"
-    assert classify_source("") == "absent"
+    assert analyze_source(OLD_AITER).form == "absent"
+    assert analyze_source("").form == "absent"
 
 
 @pytest.mark.parametrize(
@@ -182,9 +181,9 @@ def test_unknown_when_the_branch_is_not_exactly_understood(old: str, new: str, w
 
 
 def test_unknown_for_unparsable_or_partial_sources() -> None:
-    assert classify_source("def (") == "unknown"
+    assert analyze_source("def (").form == "unknown"
     no_impl = edit(DROPPED, "def _moe_sorting_impl(", "def _moe_sorting_impl_v2(")
-    assert classify_source(no_impl) == "unknown"
+    assert analyze_source(no_impl).form == "unknown"
     # The count threaded into _adaptive_moe_sort but not on to the kernel.
     s = edit(
         DROPPED,

@@ -6,12 +6,11 @@ from __future__ import annotations
 import sys
 from typing import NamedTuple
 
-from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics import aiter_forms, patching
 from sglang_amd_moe.diagnostics.audit import plugins, read
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView, Route
 from sglang_amd_moe.diagnostics.audit.read import GUARD, SGLANG, TargetReport
 from sglang_amd_moe.runtime import env
-from sglang_amd_moe.runtime.aiter import forms as aiter_forms
 from sglang_amd_moe.runtime.sglang import names
 from sglang_amd_moe.runtime.target import HookStatus
 

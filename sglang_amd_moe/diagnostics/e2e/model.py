@@ -56,6 +56,8 @@ class TinyMoE:
         # w13 = [gate_proj; up_proj] as aiter stores it, w2 = down_proj.
         self.w13 = [randn(e, 2 * i, h, std=1 / math.sqrt(h)) for _ in range(cfg.layers)]
         self.w2 = [randn(e, h, i, std=0.5 / math.sqrt(i)) for _ in range(cfg.layers)]
+        # The check reads neither: they complete the weights into a checkpoint a real
+        # server can load (the final norm and the LM head).
         self.norm = torch.ones(h, device=self.device)
         self.lm_head = randn(cfg.vocab_size, h, std=1 / math.sqrt(h))
 

@@ -26,19 +26,6 @@ TARGET = "aiter.fused_moe"
 Patch = collections.namedtuple("Patch", "module attr original replacement")
 
 
-def apply(plan: list[tuple[types.ModuleType, str, Any, Any]]) -> list[Patch]:
-    """Set every planned attribute, then rebind ``from ... import`` copies of the originals."""
-    applied = [Patch(*p) for p in plan]
-    for p in applied:
-        setattr(p.module, p.attr, p.replacement)
-    done = {(id(p.module), p.attr) for p in applied}
-    for _, attr, original, replacement in plan:
-        for mod, name in rebind_copies(original, replacement, name=attr, skip=done):
-            applied.append(Patch(mod, name, original, replacement))
-            done.add((id(mod), name))
-    return applied
-
-
 def our_kernels(needed: tuple[str, ...]) -> tuple[Any | None, str]:
     """This package's kernels module, or why it cannot serve a hook that calls ``needed``."""
     try:
@@ -63,8 +50,7 @@ def plain_guard(ids: Any, weights: Any, num_experts: int, count: Any) -> tuple[A
 
 
 class ModuleTarget(Target):
-    """A target on ``aiter.fused_moe``: a subclass writes ``_on_loaded(module)`` and may
-    write ``_off()`` (why it is off; "" when it is not)."""
+    """A target on ``aiter.fused_moe``: a subclass writes ``_on_loaded(module)``."""
 
     upstream = "aiter"
     label = ""  # "aiter hook", "guard": the subject of its log lines
@@ -73,13 +59,7 @@ class ModuleTarget(Target):
         super().__init__()
         self.patches: list[Patch] = []
 
-    def _off(self) -> str:
-        return ""
-
     def _install(self, gate: Gate) -> HookStatus:
-        off = self._off()
-        if off:
-            return self.record(self.make_status("off", None, off))
         module = sys.modules.get(TARGET)
         if module is None:
             try:
@@ -98,6 +78,19 @@ class ModuleTarget(Target):
             text = f"{self.label} pending: {TARGET} is patched when it is imported"
             return self.record(self.make_status("pending", None, text), level=logging.DEBUG)
         return self._on_loaded(module)
+
+    def apply(self, plan: list[tuple[types.ModuleType, str, Any, Any]]) -> list[str]:
+        """Set every planned attribute, then rebind ``from ... import`` copies of the
+        originals; keep them all to undo, and return their names."""
+        self.patches = [Patch(*p) for p in plan]
+        for p in self.patches:
+            setattr(p.module, p.attr, p.replacement)
+        done = {(id(p.module), p.attr) for p in self.patches}
+        for _, attr, original, replacement in plan:
+            for mod, name in rebind_copies(original, replacement, name=attr, skip=done):
+                self.patches.append(Patch(mod, name, original, replacement))
+                done.add((id(mod), name))
+        return sorted({f"{p.module.__name__}.{p.attr}" for p in self.patches})
 
     def _still_hooked(self) -> bool:
         st = self._status
@@ -120,11 +113,4 @@ class ModuleTarget(Target):
         self.patches = []
 
     def _on_import(self, module: types.ModuleType) -> None:
-        with self.lock:
-            try:
-                self._on_loaded(module)
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - ours must not fail aiter's import
-                text = f"{self.label} failed ({type(exc).__name__}: {exc}); aiter left untouched"
-                self.record(self.make_status("error", None, text), exc_info=True)
+        self.guarded(self._on_loaded, module, self.label)  # never fails aiter's import

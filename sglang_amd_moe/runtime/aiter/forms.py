@@ -72,7 +72,6 @@ class FormReport:
     source_sha256: str = ""  # of the sort functions' source, in file order
     impl_params: tuple[str, ...] = ()  # of _moe_sorting_impl
     backend_var: str = ""  # the module variable the adaptive branch tests
-    excluded_backends: tuple[str, ...] = ()  # lower-case, e.g. ("opus", "ck")
     #: The adaptive branch's test, pure over the parameters, ``M``, ``topk`` and
     #: ``backend_var``: the hook evaluates it to decide as upstream does.
     branch_test: str = ""
@@ -83,13 +82,6 @@ class FormReport:
     count_dropping_callers: tuple[str, ...] = ()
     #: except in those that rebind ``num_local_tokens``: it is not the count there.
     rebinding_callers: tuple[str, ...] = ()
-    unsupported_params: tuple[str, ...] = ()  # of _mxfp4_inline_sort_unsupported
-    rejects_count: bool = False  # ... which rejects calls for carrying a count
-
-
-def classify_source(source: str) -> str:
-    """The form of the MXFP4 aux sort path in ``source`` (text of fused_moe.py)."""
-    return analyze_source(source).form
 
 
 def analyze_source(source: str) -> FormReport:
@@ -123,7 +115,7 @@ def analyze_source(source: str) -> FormReport:
     if missing or impl.args.vararg or impl.args.kwarg:
         return unknown(f"{SORT_IMPL} parameters differ from the known ones ({missing})")
     a = adaptive.args
-    positional, kwonly = _positional(adaptive), tuple(x.arg for x in a.kwonlyargs)
+    positional, kwonly = positional_params(adaptive), tuple(x.arg for x in a.kwonlyargs)
     if positional != ADAPTIVE_POSITIONAL:
         why = f"positional parameters {positional} differ from {ADAPTIVE_POSITIONAL}"
         return unknown(f"{ADAPTIVE} {why}")
@@ -135,7 +127,7 @@ def analyze_source(source: str) -> FormReport:
     branch = _adaptive_branch(impl)
     if isinstance(branch, str):
         return unknown(f"{SORT_IMPL}: {branch}")
-    common["backend_var"], common["excluded_backends"], call, common["branch_test"] = branch
+    common["backend_var"], call, common["branch_test"] = branch
     common["adaptive_passes_count"] = adaptive_passes
     names = [x.id if isinstance(x, ast.Name) else None for x in call.args]
     kws = {kw.arg: ast.unparse(kw.value) for kw in call.keywords}
@@ -151,13 +143,11 @@ def analyze_source(source: str) -> FormReport:
     common["count_dropping_callers"] = tuple(f.name for f in dropping)
     common["rebinding_callers"] = tuple(f.name for f in dropping if COUNT in _bound(f.body))
     if unsupported is not None:
-        common["unsupported_params"] = param_names(unsupported)
-        if COUNT not in common["unsupported_params"]:
+        if COUNT not in param_names(unsupported):
             read = {getattr(n, "id", None) for n in ast.walk(unsupported)}
             if COUNT in read | {getattr(n, "attr", None) for n in ast.walk(unsupported)}:
                 return unknown(f"{INLINE_UNSUPPORTED} reads {COUNT} but not as a parameter")
         elif _rejects_count(unsupported):
-            common["rejects_count"] = True
             why = f"{INLINE_UNSUPPORTED} rejects calls that carry {COUNT}"
             return FormReport("count-rejected", why, **common)
     if impl_passes and adaptive_passes and not dropping:
@@ -191,26 +181,14 @@ def guard_entry_problem(positional: tuple[str, ...], names: tuple[str, ...]) -> 
     return f"takes a fused shared expert ({', '.join(shared)})" if shared else ""
 
 
-def guard_entry(source: str) -> tuple[str, str]:
-    """(the entry the guard would wrap, why it cannot: "" when it can) in ``source``."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError as exc:
-        return GUARD_ENTRIES[-1], f"cannot be read: fused_moe.py does not parse ({exc.msg})"
-    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    entry = next((e for e in GUARD_ENTRIES if e in funcs), GUARD_ENTRIES[-1])
-    if entry not in funcs:
-        return entry, "is missing"
-    return entry, guard_entry_problem(_positional(funcs[entry]), param_names(funcs[entry]))
-
-
-def _positional(func: ast.FunctionDef) -> tuple[str, ...]:
+def positional_params(func: ast.FunctionDef) -> tuple[str, ...]:
+    """Positional parameter names in order."""
     return tuple(x.arg for x in [*func.args.posonlyargs, *func.args.args])
 
 
 def param_names(func: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
     """Parameter names in order: positional-only, positional-or-keyword, keyword-only."""
-    return (*_positional(func), *(x.arg for x in func.args.kwonlyargs))
+    return (*positional_params(func), *(x.arg for x in func.args.kwonlyargs))
 
 
 def _calls(node: ast.AST) -> list[ast.Call]:
@@ -241,9 +219,9 @@ def _bound(stmts: list[ast.stmt]) -> list[str]:
     return out
 
 
-def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, tuple[str, ...], ast.Call, str] | str:
+def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, ast.Call, str] | str:
     """``if output_aux and VAR not in (...) [and PURE]: return _adaptive_moe_sort(...)`` as
-    (backend variable, excluded backends, the call, the test as source), or why not.
+    (backend variable, the call, the test as source), or why not.
 
     The hook evaluates the test itself, so it must mean at the call what it means upstream:
     a top-level statement after statements that neither return nor raise, reading only
@@ -282,8 +260,7 @@ def _adaptive_branch(impl: ast.FunctionDef) -> tuple[str, tuple[str, ...], ast.C
         if read - allowed:
             names = ", ".join(sorted(read - allowed))
             return f"the adaptive branch reads {names}, bound in {SORT_IMPL} before it or locally"
-        excluded = tuple(str(c.value).lower() for c in backend[0].comparators[0].elts)  # type: ignore[attr-defined]
-        return var, excluded, call, ast.unparse(test)
+        return var, call, ast.unparse(test)
     return why
 
 

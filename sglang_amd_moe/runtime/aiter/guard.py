@@ -22,9 +22,9 @@ import types
 from typing import Any
 
 from sglang_amd_moe.runtime import env
-from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, apply, our_kernels, plain_guard
+from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, our_kernels, plain_guard
 from sglang_amd_moe.runtime.aiter.forms import GUARD_ENTRIES, guard_entry_problem
-from sglang_amd_moe.runtime.target import Args, HookStatus, find_marked, mark, params_of
+from sglang_amd_moe.runtime.target import Args, Gate, HookStatus, find_marked, mark, params_of
 
 NAME = "guard"  # HookStatus.target
 _READ = ("w1", "topk_weight", "topk_ids", "expert_mask", "num_local_tokens")
@@ -64,8 +64,10 @@ class GuardHook(ModuleTarget):
 
     name, what, label = NAME, f"the guard at {TARGET}", "guard"
 
-    def _off(self) -> str:
-        return "guard off (SGLANG_AMD_MOE_GUARD=0)" if env.guard_off() else ""
+    def _install(self, gate: Gate) -> HookStatus:
+        if env.guard_off():
+            return self.record(self.make_status("off", None, "guard off (SGLANG_AMD_MOE_GUARD=0)"))
+        return super()._install(gate)
 
     def _on_loaded(self, module: types.ModuleType) -> HookStatus:
         entry = next((e for e in GUARD_ENTRIES if callable(getattr(module, e, None))), "fused_moe")
@@ -82,8 +84,7 @@ class GuardHook(ModuleTarget):
                 f"guard not installed: {f'{where} {why}' if why else error}; aiter left untouched"
             )
             return self.record(self.make_status("refused" if why else "error", entry, text))
-        self.patches = apply([(module, entry, fn, _guard_wrapper(fn, ours.guard_routing, self))])
-        patched = sorted({f"{p.module.__name__}.{p.attr}" for p in self.patches})
+        patched = self.apply([(module, entry, fn, _guard_wrapper(fn, ours.guard_routing, self))])
         text = (
             f"guard live at {where}: ids < 0 or >= E (and rows past num_local_tokens) reach "
             "aiter as expert 0 with weight 0, on new tensors"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_amd_moe.runtime.aiter import forms
-from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, apply, our_kernels, plain_guard
+from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, our_kernels, plain_guard
 from sglang_amd_moe.runtime.target import Args, HookStatus, Refusal, find_marked, mark, params_of
 
 NAME = "aiter"  # HookStatus.target of this hook
@@ -52,12 +52,6 @@ class Plan:
     unreject: bool  # _mxfp4_inline_sort_unsupported: no rejection for the count alone
     accept_count: bool  # aiter.mxfp4_moe_sort: takes num_local_tokens
 
-    def targets(self) -> tuple[str, ...]:
-        names = [forms.SORT_IMPL] if self.wrap_impl else []
-        names += [forms.INLINE_UNSUPPORTED] if self.unreject else []
-        names += [f"aiter.{forms.AUX_KERNEL}"] if self.accept_count else []
-        return tuple(names)
-
 
 def decide(report: forms.FormReport, rt: Runtime) -> Plan | Refusal:
     """The plan for ``report`` (what the file says) given ``rt`` (what is running). Pure."""
@@ -80,8 +74,6 @@ def decide(report: forms.FormReport, rt: Runtime) -> Plan | Refusal:
     missing = [p for p in forms.IMPL_PARAMS_READ if p not in rt.impl_params]
     if wrap_impl and missing:
         return Refusal("refused", f"{impl} differs at run time (no {missing})")
-    if wrap_impl and not (report.branch_test and report.backend_var):
-        return Refusal("refused", f"{impl} has no adaptive branch to evaluate")
     if wrap_impl and not rt.backend_present:
         return Refusal("refused", f"{TARGET}.{report.backend_var} is missing at run time")
     unreject = form == "count-rejected"
@@ -93,20 +85,15 @@ def decide(report: forms.FormReport, rt: Runtime) -> Plan | Refusal:
     return Plan(form, wrap_impl=wrap_impl, unreject=unreject, accept_count=accept_count)
 
 
-def _kernels() -> tuple[Any | None, str]:
-    return our_kernels(("adaptive_moe_sort", "mxfp4_moe_sort"))
-
-
 def _runtime(module: types.ModuleType, report: forms.FormReport) -> tuple[Runtime, Any]:
     """What the running module offers (and this package's kernels, for fixable forms)."""
     if report.form not in _FIXABLE:
         return Runtime(), None
     impl = getattr(module, forms.SORT_IMPL, None)
     unsupported = getattr(module, forms.INLINE_UNSUPPORTED, None)
-    pkg = sys.modules.get("aiter")
-    aux = getattr(pkg, forms.AUX_KERNEL, None) if pkg is not None else None
-    ours, error = _kernels()
-    backend = bool(report.backend_var) and hasattr(module, report.backend_var)
+    aux = getattr(sys.modules.get("aiter"), forms.AUX_KERNEL, None)
+    ours, error = our_kernels(("adaptive_moe_sort", "mxfp4_moe_sort"))
+    backend = hasattr(module, report.backend_var)
     rt = Runtime(params_of(impl), find_marked(impl) is not None, backend, params_of(unsupported),
                  find_marked(unsupported) is not None, aux is not None, params_of(aux),
                  find_marked(aux) is not None, error)  # fmt: skip
@@ -118,14 +105,6 @@ class AiterHook(ModuleTarget):
 
     name, what, label = NAME, TARGET, "aiter hook"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.report: forms.FormReport | None = None
-
-    def _undo(self) -> None:
-        super()._undo()
-        self.report = None
-
     def _on_loaded(self, module: types.ModuleType) -> HookStatus:
         origin = getattr(module.__spec__, "origin", None) or getattr(module, "__file__", "") or ""
         try:
@@ -134,7 +113,7 @@ class AiterHook(ModuleTarget):
             text = f"cannot read the source of {TARGET} ({origin or 'no file'}); "
             text += "aiter left untouched"
             return self.record(self.make_status("refused", "unknown", text, origin=origin))
-        report = self.report = forms.analyze_source(source)
+        report = forms.analyze_source(source)
         detail = {"origin": origin, "reason": report.reason, "sha256": report.source_sha256}
         head = f"aiter {origin} form={report.form} ->"
         rt, kernels = _runtime(module, report)
@@ -158,8 +137,7 @@ class AiterHook(ModuleTarget):
             m = sys.modules["aiter"]
             f = getattr(m, forms.AUX_KERNEL)
             plan.append((m, forms.AUX_KERNEL, f, _count_taking_aux(f, kernels, self)))
-        self.patches = apply(plan)
-        patched = sorted({f"{p.module.__name__}.{p.attr}" for p in self.patches})
+        patched = self.apply(plan)
         text = f"{head} {forms.ACTIONS[report.form]} [{', '.join(patched)}]"
         return self.record(self.make_status("live", report.form, text, patched=patched, **detail))
 
@@ -212,7 +190,7 @@ def _impl_hook(module: types.ModuleType, impl: Any, report: forms.FormReport, ke
         bound.apply_defaults()
         a = bound.arguments
         # Our sort has no expert mask: a masked call stays with aiter, whatever it does.
-        if not a["output_aux"] or a["expert_mask"] is not None:
+        if a["expert_mask"] is not None:
             return None
         count = a[_COUNT]
         if count is None and callers:
