@@ -10,13 +10,11 @@ upstream's kernel; it runs under ``bounds.Bounded``.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import copy
 import dataclasses
 import importlib.util
 import inspect
-import linecache
 import sys
 import time
 import types
@@ -255,10 +253,10 @@ def _hip_namespace(namespace: Mapping, standins: Mapping, hip_flags, predicates,
         **(base if isinstance(base, dict) else vars(base)),
         "__import__": probe_import,
     }
-    return _rebind_all(g, namespace, skip={*standins, *predicates})
+    return rebind_all(g, namespace, skip={*standins, *predicates})
 
 
-def _rebind_all(g: dict[str, Any], namespace: Mapping[str, Any], skip=()) -> dict[str, Any]:
+def rebind_all(g: dict[str, Any], namespace: Mapping[str, Any], skip=()) -> dict[str, Any]:
     """``g`` with its functions of ``namespace`` (but those named in ``skip``) bound to it."""
     for name, value in list(g.items()):
         if isinstance(value, types.FunctionType) and value.__globals__ is namespace:
@@ -473,54 +471,3 @@ def _judge(obs: list[Observation]) -> ProbeResult:
     elif eplb[2].ok and all(plain[:2]) and all(o.pad_weights_zero for o in eplb[:2]):
         behaviour = "mask-under-eplb-guard"
     return ProbeResult(True, "", False, behaviour, findings, **common)
-
-
-def probe_module(module: Any, **kw: Any) -> ProbeResult:
-    """Probe the module's ``_post_process_topk_ids`` under any wrappers. Never raises."""
-    try:
-        fn = inspect.unwrap(getattr(module, names.FUNCTION_NAME))
-    except Exception as exc:
-        why = f"no {names.FUNCTION_NAME} to probe ({type(exc).__name__}: {exc})"
-        return ProbeResult(False, why)
-    return probe(fn, **kw)
-
-
-def function_from_source(module: Any, source: str) -> tuple[Callable[..., Any], dict[str, Any]]:
-    """``_post_process_topk_ids`` as ``source`` (a full topk.py text, e.g. a patch's result)
-    defines it, over a copy of the live ``module``'s globals in which the module-level
-    statements that differ from the installed file's ran. Raises when it binds none."""
-    have = {ast.dump(s) for s in ast.parse(inspect.getsource(module)).body}
-    changed = [
-        s for s in ast.parse(source).body if ast.dump(s) not in have and not isinstance(s, ast.Expr)
-    ]
-    ns = compile_over(module, changed, source)
-    fn = ns.get(names.FUNCTION_NAME)
-    if not isinstance(fn, types.FunctionType):
-        raise LookupError(f"the source binds no function {names.FUNCTION_NAME}")
-    return fn, ns
-
-
-def compile_over(module: Any, statements: list[ast.stmt], source: str) -> dict[str, Any]:
-    """A copy of ``module``'s globals in which ``statements`` (of the text ``source``,
-    registered for ``inspect``) have run; the copy's functions rebound to the copy."""
-    import __future__
-
-    filename = f"<{getattr(module, '__file__', module.__name__)} as rewritten {hash(source)}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    tree, flags = ast.Module(body=statements, type_ignores=[]), __future__.annotations.compiler_flag
-    code = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
-    ns = dict(vars(module))
-    exec(code, ns)  # noqa: S102 - the rewritten statements, in a copy of the namespace
-    return _rebind_all(ns, vars(module))
-
-
-def probe_source(module: Any, source: str, **kw: Any) -> ProbeResult:
-    """Probe the function a rewritten ``topk.py`` text defines (a patch checked before it
-    is offered), against the live module's globals. Never raises."""
-    try:
-        fn, ns = function_from_source(module, source)
-    except (Exception, SystemExit) as exc:
-        return ProbeResult(
-            False, f"the rewritten source does not load: {type(exc).__name__}: {exc}"
-        )
-    return probe(fn, ns, **kw)
