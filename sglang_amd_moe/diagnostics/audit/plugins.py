@@ -207,9 +207,9 @@ def observe_sglang(rep: TargetReport, view: PluginView) -> None:
     if upstream is None and not env.disabled():
         upstream = hook.preview().upstream
     if upstream is None and not hook.is_live():
-        upstream = hook.observe()  # the plugin is disabled: upstream is what runs
+        upstream = observe()  # the plugin is disabled: upstream is what runs
     if st is not None and st.state == "live":
-        seen = Seen("the hooked call", hook.observe(), upstream, st)
+        seen = Seen("the hooked call", observe(), upstream, st)
     elif first is not None and first.status.hooked:
         of = "on a ROCm machine" if off_here else "decided it; SGLang has not applied it yet"
         of = f"the hooked call (as the plugin {'makes it ' * off_here}{of})"
@@ -219,6 +219,29 @@ def observe_sglang(rep: TargetReport, view: PluginView) -> None:
     rep.seen, rep.probe = seen, seen.to_json()
     if rep.patch and rep.patch_status == patching.APPLIES:
         check_patch(rep, module, upstream)
+
+
+def observe() -> Any:
+    """The probe's ``ProbeResult`` of the function as it runs here now: the hooked call where
+    the SGLang hook is live, upstream otherwise (None: topk not imported). Never raises."""
+    from sglang_amd_moe.runtime.sglang.call import wrap_for_probe
+    from sglang_amd_moe.runtime.sglang.hook import HOOK
+    from sglang_amd_moe.runtime.sglang.probe import probe
+
+    live = getattr(sys.modules.get(names.TOPK_MODULE), names.FUNCTION_NAME, None)
+    if live is None:
+        return None
+    upstream = inspect.unwrap(live)
+    with HOOK.lock:
+        call = HOOK.active[0] if HOOK.active is not None and HOOK.is_live() else None
+    if call is not None:
+        flags, preds = call.hip_flags, call.predicates
+        return probe(upstream, hip_flags=flags, predicates=preds, wrap=wrap_for_probe(call))
+    try:
+        r = ledger.read(Path(inspect.getsourcefile(upstream) or "").read_text("utf-8"))
+    except (OSError, TypeError):
+        return probe(upstream)
+    return probe(upstream, hip_flags=r.hip_flags, predicates=r.predicates)
 
 
 def check_patch(rep: TargetReport, module: Any, upstream: Any) -> None:

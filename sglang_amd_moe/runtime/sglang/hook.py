@@ -162,10 +162,6 @@ class Preview:
     upstream: ProbeResult | None = None
     hooked: ProbeResult | None = None
 
-    @property
-    def running(self) -> ProbeResult | None:
-        return self.hooked if self.status.hooked else self.upstream
-
 
 @dataclass
 class _Facts:
@@ -519,24 +515,6 @@ class SGLangHook(Target):
         st = dataclasses.replace(st, detail={**st.detail, "preview": True})
         return Preview(st, upstream, checked)
 
-    def observe(self) -> ProbeResult | None:
-        """What the function does here now on the probe's batch: the hooked call where
-        the hook is live, upstream otherwise (None: topk not imported). Never raises."""
-        live = getattr(sys.modules.get(TOPK_MODULE), FUNCTION_NAME, None)
-        if live is None:
-            return None
-        upstream = inspect.unwrap(live)
-        with self.lock:
-            call = self.active[0] if self.active is not None and self.is_live() else None
-        if call is not None:
-            flags, preds = call.hip_flags, call.predicates
-            return probe(upstream, hip_flags=flags, predicates=preds, wrap=_checked(call))
-        try:
-            r = ledger.read(Path(inspect.getsourcefile(upstream) or "").read_text("utf-8"))
-        except (OSError, TypeError):
-            return probe(upstream)
-        return probe(upstream, hip_flags=r.hip_flags, predicates=r.predicates)
-
 
 HOOK = SGLangHook()
 install = HOOK.install
@@ -544,4 +522,3 @@ status = HOOK.status
 is_live = HOOK.is_live
 uninstall = HOOK.uninstall
 preview = HOOK.preview
-observe = HOOK.observe

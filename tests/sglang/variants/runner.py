@@ -147,6 +147,7 @@ def drive(batch: driver.Batch, eplb: driver.Eplb) -> dict:
 def run_variant(
     v: Variant, base_text: str, moe_dir: Path, logs: driver.Collect, written: set[str]
 ) -> dict:
+    from sglang_amd_moe.diagnostics.audit import plugins
     from sglang_amd_moe.runtime.sglang import hook as sglang_hook
     from sglang_amd_moe.runtime.sglang import ledger
     from sglang_amd_moe.runtime.sglang import probe as sglang_probe
@@ -219,7 +220,7 @@ def run_variant(
     batch.fn = None
     out["hooked"] = drive(batch, eplb)
     out["our_layers_after"] = our_layers(tk._post_process_topk_ids)
-    seen = sglang_hook.observe()  # what the audit asks: the call as it runs now
+    seen = plugins.observe()  # what the audit asks: the call as it runs now
     if seen is not None:
         out["observe"] = {"correct": seen.correct, "behaviour": seen.behaviour}
     else:
