@@ -190,15 +190,13 @@ def _used_statements(tree: ast.Module, fn: ast.AST) -> list[ast.stmt]:
     while changed:
         changed = False
         for i, s in enumerate(candidates):
-            if i not in chosen and _bound_anywhere(s) & needed:
+            if i in chosen:
+                continue
+            if set().union(*(_bound(x) for x in _module_statements([s]))) & needed:
                 chosen.add(i)
                 needed |= _loads(s)
                 changed = True
     return [candidates[i] for i in sorted(chosen)]
-
-
-def _bound_anywhere(stmt: ast.stmt) -> set[str]:
-    return set().union(*(_bound(s) for s in _module_statements([stmt])))
 
 
 def hip_flags(tree: ast.Module) -> tuple[str, ...]:
