@@ -1179,11 +1179,11 @@ def test_patch_command_for_a_dash_name_and_a_symlink(
 #: real module cannot be imported here). Per case: the installed topk.py's text with the
 #: case's edits is what the audit read (``read.build_report``: form, patch, patch status),
 #: upstream is probed as ``--load`` probes it where nothing hooks it
-#: (``sglang_probe.probe_module``), then ``plugins.check_patch`` runs with the real module
+#: (``sglang_probe.probe``), then ``plugins.check_patch`` runs with the real module
 #: (or a copy of its namespace without the names in ``without``, its functions rebound to
 #: the copy, as the probe rebinds them), then ``verdict.conclude`` and ``render_table``.
 _PATCH_PROBE_SCRIPT = r"""
-import json, sys, types
+import inspect, json, sys, types
 from pathlib import Path
 
 import sglang.srt.layers.moe.topk as topk
@@ -1213,7 +1213,7 @@ for name, case in json.loads(Path(sys.argv[1]).read_text()).items():
         rep.patch = case["patch"]
         rep.patch_status = audit.patching.status(source, audit.patching.read_patch(rep.patch))
     before = [rep.form, rep.patch, rep.patch_status]
-    upstream = sglang_probe.probe_module(module)
+    upstream = sglang_probe.probe(inspect.unwrap(module._post_process_topk_ids))
     plugins.check_patch(rep, module, upstream)
     checked = rep.to_json()
     rep.seen = plugins.Seen("upstream's function", upstream, upstream, None)

@@ -187,8 +187,7 @@ print(json.dumps({
     "preview": {"state": pv.status.state, "form": pv.status.form, "message": pv.status.message,
                 "plan": pv.status.detail.get("plan"), "preview": pv.status.detail.get("preview"),
                 "upstream": pv.upstream.behaviour if pv.upstream else None,
-                "hooked_right": pv.hooked.correct if pv.hooked else None,
-                "running_is_hooked": pv.running is pv.hooked},
+                "hooked_right": pv.hooked.correct if pv.hooked else None},
     "after": {k: (v if isinstance(v, bool) else repr(v)) for k, v in after.items()},
     "logged": logged,
     "install": {"state": st.state, "form": st.form, "message": st.message,
@@ -214,7 +213,6 @@ def test_preview_changes_nothing_and_decides_what_install_decides() -> None:
     # Off ROCm, the preview goes past the platform gate: what a ROCm process decides.
     assert pv["state"] == "pending" and pv["preview"] is True and pv["form"] == "weights-only"
     assert pv["upstream"] == "weights-only" and pv["hooked_right"] is True
-    assert pv["running_is_hooked"] is True
     # Nothing applied, nothing kept, nothing logged.
     assert after == {
         "status": "None",

@@ -9,10 +9,14 @@ with one ``_post_process_topk_ids`` body per form. The real releases are driven 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import itertools
 import sys
 import types
 from pathlib import Path
+from typing import Any
+
+from sglang_amd_moe.runtime.sglang import probe
 
 PRELUDE = """
 from dataclasses import dataclass
@@ -148,3 +152,8 @@ def load(text: str, directory: Path) -> types.ModuleType:
     sys.modules[name] = mod  # inspect.getsource finds the module's file through it
     spec.loader.exec_module(mod)
     return mod
+
+
+def probe_module(module: types.ModuleType, **kw: Any) -> probe.ProbeResult:
+    """The probe of the module's function under any wrappers, as the hook probes it."""
+    return probe.probe(inspect.unwrap(module._post_process_topk_ids), **kw)

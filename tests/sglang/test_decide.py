@@ -15,7 +15,7 @@ from sglang_amd_moe.runtime.sglang import ledger
 from sglang_amd_moe.runtime.sglang.call import STANDARD_PLANS, Plan
 from sglang_amd_moe.runtime.sglang.hook import Inputs, alternatives, decide
 from sglang_amd_moe.runtime.sglang.names import ACTIONS
-from sglang_amd_moe.runtime.sglang.probe import ProbeResult, probe_module
+from sglang_amd_moe.runtime.sglang.probe import ProbeResult
 from sglang_amd_moe.runtime.target import Refusal
 
 PARAMS = (
@@ -36,7 +36,7 @@ def inputs(tmp_path):
         mod = syn.load(text, tmp_path)
         reading = ledger.read(text)
         params = kw.pop("params", PARAMS)
-        return Inputs(params, None, probe_module(mod), reading.remaps_on_hip, **kw)
+        return Inputs(params, None, syn.probe_module(mod), reading.remaps_on_hip, **kw)
 
     return build
 

@@ -14,7 +14,8 @@ import synthetic_topk as syn
 import torch
 from sglang_amd_moe.kernels import mask_padded_rows_
 
-from sglang_amd_moe.runtime.sglang.call import LiveEnv, Plan, make_call, mask_fallback_, run
+from sglang_amd_moe.runtime.sglang.call import Call, LiveEnv, Plan, mask_fallback_, run
+from sglang_amd_moe.runtime.target import Args
 
 ROWS, REAL, K = 8, 5, 4
 HIP = "    elif _is_hip:\n        pass\n"  # upstream does nothing to padded rows
@@ -43,7 +44,8 @@ def _hooked(module, mask, failures: list, plan: Plan = PRE_MASK):
         failures.append(what)
         logging.getLogger("sglang_amd_moe").exception("sglang-amd-moe: %s", text)
 
-    call = make_call(plan, module, module._post_process_topk_ids, mask, (), (), on_failure)
+    fn = module._post_process_topk_ids
+    call = Call(plan, module, Args(fn), mask, ("_is_hip",), (), on_failure)
     upstream_calls = []
 
     def upstream(*args, **kwargs):

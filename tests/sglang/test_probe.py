@@ -9,8 +9,9 @@ import pytest
 import synthetic_topk as syn
 import torch
 
+from sglang_amd_moe.diagnostics.audit.plugins import probe_source
 from sglang_amd_moe.runtime.sglang import probe as sglang_probe
-from sglang_amd_moe.runtime.sglang.probe import ProbeEnv, probe, probe_module, probe_source
+from sglang_amd_moe.runtime.sglang.probe import ProbeEnv, probe
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def _snapshot(mod) -> dict:
 def test_behaviour_per_form_and_the_module_is_untouched(make, form: str, behaviour: str) -> None:
     mod = make(form)
     before = _snapshot(mod)
-    result = probe_module(mod)
+    result = syn.probe_module(mod)
     assert result.ran, result.why
     assert result.behaviour == behaviour, result.findings
     assert result.correct is (behaviour == "fixed")
@@ -51,7 +52,7 @@ def test_behaviour_per_form_and_the_module_is_untouched(make, form: str, behavio
 
 
 def test_what_each_scenario_saw(make) -> None:
-    off, off_info, on, shared = probe_module(make("inverted-guard")).observations
+    off, off_info, on, shared = syn.probe_module(make("inverted-guard")).observations
     names = [o.scenario for o in (off, off_info, on, shared)]
     assert names == ["eplb-off", "eplb-off+info", "eplb-on", "shared-expert"]
     # EPLB off with a dispatch info passed: the inverted guard remaps, it must not.
@@ -59,8 +60,8 @@ def test_what_each_scenario_saw(make) -> None:
     assert off.real_ids == "as-given" and off.remaps == 0  # no dispatch info: no remap
     assert on.real_ids == "as-given" and on.remaps == 0
     assert off.predicate_reads == on.predicate_reads == 1
-    assert off.pad_ids_in_range and off.pad_weights_zero
-    twice = probe_module(make("double-remap")).scenario("eplb-on")
+    assert off.pad_weights_zero and not any("out of range" in f for f in off.findings)
+    twice = syn.probe_module(make("double-remap")).scenario("eplb-on")
     assert twice.real_ids == "remapped-twice" and twice.remaps == 2
 
 
@@ -72,7 +73,7 @@ def test_a_mask_only_with_dispatch_info_is_caught_without_one(tmp_path) -> None:
         "        if expert_location_dispatch_info is not None:\n"
         "            _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)\n",
     )
-    result = probe_module(syn.load(syn.source("fixed", body), tmp_path))
+    result = syn.probe_module(syn.load(syn.source("fixed", body), tmp_path))
     assert not result.correct
     wrong = [o.scenario for o in result.observations if not o.ok]
     assert wrong == ["eplb-off", "shared-expert"]  # the two without dispatch info
@@ -94,24 +95,24 @@ def test_the_shared_expert_append_shows_whether_padded_weights_are_refilled(tmp_
     prelude = "_use_aiter = False\n"
     before_mod = syn.load(prelude + before, tmp_path)
     after_mod = syn.load(prelude + after, tmp_path)
-    assert probe_module(before_mod).refills_after_append is False
-    assert not probe_module(before_mod).correct
-    assert probe_module(after_mod).refills_after_append is True
-    assert probe_module(after_mod).correct
+    assert syn.probe_module(before_mod).refills_after_append is False
+    assert not syn.probe_module(before_mod).correct
+    assert syn.probe_module(after_mod).refills_after_append is True
+    assert syn.probe_module(after_mod).correct
     assert before_mod._use_aiter is False  # the module itself is untouched
 
 
 def test_upstream_raising_is_an_observation_not_a_crash(make) -> None:
     mod = make("raises-systemexit")
     before = _snapshot(mod)
-    result = probe_module(mod)
+    result = syn.probe_module(mod)
     assert result.ran and not result.correct and result.behaviour == "unknown"
     assert all(o.raised.startswith("SystemExit") for o in result.observations)
     assert _snapshot(mod) == before
 
 
 def test_real_rows_changed_are_reported(make) -> None:
-    result = probe_module(make("real-rows-scaled"))
+    result = syn.probe_module(make("real-rows-scaled"))
     assert "eplb-off: real rows' weights changed" in result.findings
 
 
@@ -146,7 +147,7 @@ def test_other_threads_never_see_the_hip_flags(make) -> None:
     t.start()
     try:
         for _ in range(20):
-            assert probe_module(mod).correct
+            assert syn.probe_module(mod).correct
     finally:
         stop.set()
         t.join()
@@ -176,8 +177,8 @@ def test_a_wrap_composes_with_upstream(make) -> None:
 
         return wrap
 
-    assert probe_module(mod, wrap=hooked(1)).correct
-    twice = probe_module(mod, wrap=hooked(2))
+    assert syn.probe_module(mod, wrap=hooked(1)).correct
+    twice = syn.probe_module(mod, wrap=hooked(2))
     assert (
         not twice.correct
         and "eplb-on: real rows' ids remapped twice, want remapped once" in twice.findings
@@ -189,9 +190,9 @@ def test_a_renamed_predicate_is_steered_when_named(tmp_path) -> None:
     mod = syn.load(syn.source("fixed", body) + "\n\ndef _remap_on():\n    return False\n", tmp_path)
     # Unnamed, a predicate the probe cannot steer looks like no remap at all: the hook's
     # decision then leans on the source (which shows the remap) and owns the remap.
-    blind = probe_module(mod)
+    blind = syn.probe_module(mod)
     assert not blind.eplb_steered and blind.behaviour == "weights-only"
-    named = probe_module(mod, predicates=("_remap_on",))
+    named = syn.probe_module(mod, predicates=("_remap_on",))
     assert named.eplb_steered and named.behaviour == "mask-under-eplb-guard"
 
 
@@ -215,8 +216,8 @@ def test_a_predicate_reading_server_args_through_an_import_is_steered(tmp_path) 
         sys.modules.setdefault(k, types.ModuleType(k))
     sys.modules["sglang.srt.server_args"] = fake
     try:
-        result = probe_module(mod, predicates=("_remap_on",))
-        direct = probe_module(mod)  # not named: still steered through the import
+        result = syn.probe_module(mod, predicates=("_remap_on",))
+        direct = syn.probe_module(mod)  # not named: still steered through the import
     finally:
         for k, v in saved.items():
             if v is None:
@@ -241,12 +242,12 @@ def test_a_patched_source_is_checked_before_it_is_offered(make) -> None:
     assert any("NameError" in f for f in result.findings)
     assert not probe_source(mod, "def broken(:\n").ran
     # The module itself still runs its own function.
-    assert probe_module(mod).behaviour == "weights-only"
+    assert syn.probe_module(mod).behaviour == "weights-only"
 
 
 def test_summary_line(make) -> None:
-    assert probe_module(make("fixed")).summary().startswith("probe: right (")
-    text = probe_module(make("weights-only")).summary()
+    assert syn.probe_module(make("fixed")).summary().startswith("probe: right (")
+    text = syn.probe_module(make("weights-only")).summary()
     assert text.startswith("probe: weights-only (eplb-off: padded ids out of range")
 
 

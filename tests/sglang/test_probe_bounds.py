@@ -12,8 +12,6 @@ import pytest
 import synthetic_topk as syn
 import torch
 
-from sglang_amd_moe.runtime.sglang.probe import probe_module
-
 HELPER = """
 import functools
 CACHE = {}
@@ -54,7 +52,7 @@ def test_a_sleep_in_upstream_is_cut_at_the_time_limit(tmp_path) -> None:
     """On main, four scenarios of a 5 s sleep: 20 s, and the probe 'ran'."""
     mod = _module(tmp_path, "import time", "time.sleep(5)")
     t0 = time.perf_counter()
-    result = probe_module(mod)
+    result = syn.probe_module(mod)
     took = time.perf_counter() - t0
     assert not result.ran and "the time limit was hit" in result.why, result
     assert took < 3, took
@@ -66,7 +64,7 @@ def test_a_loop_in_another_thread_is_cut_at_the_time_limit(tmp_path) -> None:
     (On main this thread never ends.)"""
     mod = _module(tmp_path, "while True:", "    pass")
     out: list = []
-    t = threading.Thread(target=lambda: out.append(probe_module(mod)), daemon=True)
+    t = threading.Thread(target=lambda: out.append(syn.probe_module(mod)), daemon=True)
     t.start()
     t.join(timeout=30)
     assert not t.is_alive() and out, "the probe did not return"
@@ -86,7 +84,7 @@ def test_module_state_the_probed_code_writes_is_put_back(tmp_path) -> None:
         prelude="_MEMO = {}\n_SCRATCH = {}\n",
     )
     mod._helper = helper
-    result = probe_module(mod)
+    result = syn.probe_module(mod)
     assert result.ran and result.correct, result
     assert mod._MEMO == {} and mod._SCRATCH == {}
     assert helper.CACHE == {} and helper.SEEN is None
@@ -101,7 +99,7 @@ def test_a_cache_that_cannot_be_put_back_refuses_the_probe(tmp_path) -> None:
     helper = syn.load(HELPER, tmp_path)
     mod = _module(tmp_path, '_helper.warm_answer("hip")')
     mod._helper = helper
-    result = probe_module(mod)
+    result = syn.probe_module(mod)
     assert not result.ran and "cannot be put back" in result.why
     assert f"{helper.__name__}.warm_answer" in result.why
 
@@ -121,7 +119,7 @@ def test_torch_global_state_is_restored(tmp_path) -> None:
         torch.is_grad_enabled(),
     )
     rng = torch.random.get_rng_state()
-    result = probe_module(mod)
+    result = syn.probe_module(mod)
     assert result.ran
     assert torch.get_default_dtype() == dtype and torch.get_num_threads() == threads
     assert torch.is_grad_enabled() == grad
@@ -136,7 +134,7 @@ def test_torch_global_state_is_restored(tmp_path) -> None:
 def test_reaching_torch_cuda_fails_the_probe(tmp_path) -> None:
     mod = _module(tmp_path, "torch.cuda.is_available()")
     initialized = torch.cuda.is_initialized()
-    result = probe_module(mod)
+    result = syn.probe_module(mod)
     assert not result.ran and result.touched_cuda
     assert "reaches torch.cuda (is_available)" in result.why
     assert torch.cuda.is_initialized() == initialized
@@ -151,7 +149,7 @@ def test_threads_the_probed_code_starts_are_named(tmp_path) -> None:
     )
     mod._release = release
     try:
-        result = probe_module(mod)
+        result = syn.probe_module(mod)
     finally:
         release.set()
     assert result.ran
@@ -159,7 +157,7 @@ def test_threads_the_probed_code_starts_are_named(tmp_path) -> None:
 
 
 def test_the_upstream_calls_are_counted(tmp_path) -> None:
-    result = probe_module(_module(tmp_path))
+    result = syn.probe_module(_module(tmp_path))
     assert result.ran and result.calls == 4 and result.seconds > 0
 
 

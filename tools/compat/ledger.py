@@ -46,8 +46,10 @@ from typing import Any
 import build_env  # a sibling module (tools/compat)
 
 from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics.audit import read
+from sglang_amd_moe.diagnostics.audit.plugins import function_from_source
 from sglang_amd_moe.runtime.sglang import hook, ledger, names
-from sglang_amd_moe.runtime.sglang.probe import compile_over, probe
+from sglang_amd_moe.runtime.sglang.probe import probe
 from sglang_amd_moe.runtime.target import Refusal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,23 +109,22 @@ def _live_topk() -> types.ModuleType:
         return importlib.import_module(names.TOPK_MODULE)
 
 
-def _namespace(text: str, live: types.ModuleType) -> dict[str, Any]:
-    """The live module's globals with ``text``'s own function, helpers, flags and
-    ``TopKConfig`` compiled over a copy of them."""
+def _function(text: str, live: types.ModuleType) -> tuple[Any, dict[str, Any]]:
+    """``text``'s function over a copy of the live module's globals in which its own
+    function, helpers, flags and ``TopKConfig`` ran."""
     tree = ast.parse(text)
     binding, fn = ledger._binding(tree, text)
     if fn is None:
         raise LookupError(f"{names.FUNCTION_NAME}: {binding}")
     config = [s for s in tree.body if isinstance(s, ast.ClassDef) and s.name == "TopKConfig"]
     stmts = {id(s): s for s in [fn, *ledger._used_statements(tree, fn), *config]}
-    return compile_over(live, sorted(stmts.values(), key=lambda s: s.lineno), text)
+    return function_from_source(live, text, sorted(stmts.values(), key=lambda s: s.lineno))
 
 
 def entry_for(text: str, live: types.ModuleType) -> tuple[str, dict[str, Any]]:
     """(fingerprint, {form, plan}) of the function ``text`` defines, by running it."""
     reading = ledger.read(text)
-    ns = _namespace(text, live)
-    fn = ns[names.FUNCTION_NAME]
+    fn, ns = _function(text, live)
     observed = probe(fn, ns, hip_flags=reading.hip_flags, predicates=reading.predicates)
     if not observed.usable or observed.behaviour == "unknown":
         raise RuntimeError(f"the probe cannot name this body: {observed.summary()}")
@@ -150,7 +151,7 @@ def generate(labelled: list[tuple[str, str]]) -> tuple[dict, dict]:
             if (known["form"], known["plan"]) != (entry["form"], entry["plan"]):
                 raise RuntimeError(f"{source}: one body, two behaviours: {known} / {entry}")
             known["sources"].append(source)
-            bodies[fp] = ledger.read(body).body
+            bodies[fp] = read.function_text(ledger.read(body).node)
             print(f"[ledger] {source}: {entry['form']} {fp[:12]}", flush=True)
     return entries, bodies
 
@@ -158,7 +159,7 @@ def generate(labelled: list[tuple[str, str]]) -> tuple[dict, dict]:
 def write(entries: dict, bodies: dict) -> None:
     doc = {"generated_by": "tools/compat/ledger.py", "entries": dict(sorted(entries.items()))}
     ledger.LEDGER_FILE.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    ledger.BODIES_FILE.write_text(json.dumps(dict(sorted(bodies.items())), indent=0) + "\n")
+    read.BODIES_FILE.write_text(json.dumps(dict(sorted(bodies.items())), indent=0) + "\n")
 
 
 def main(argv: list[str]) -> int:

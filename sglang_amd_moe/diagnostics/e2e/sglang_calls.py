@@ -16,9 +16,10 @@ from typing import Any
 import torch._dynamo
 
 from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics.audit.plugins import function_from_source
 from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 from sglang_amd_moe.runtime.sglang.names import FUNCTION_NAME, TOPK_MODULE
-from sglang_amd_moe.runtime.sglang.probe import function_from_source, rebind
+from sglang_amd_moe.runtime.sglang.probe import rebind
 
 #: The form :func:`guard_form` builds, and the diffs that build it (one per span of releases).
 GUARD_FORM = "mask-under-eplb-guard"

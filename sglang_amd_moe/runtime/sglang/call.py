@@ -11,21 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_amd_moe.runtime.sglang.names import (
-    ACTIONS,
-    COUNT,
-    HIP_FLAG,
-    INFO,
-    REMAP,
-    REMAP_PREDICATES,
-    TOPK_MODULE,
-)
+from sglang_amd_moe.runtime.sglang.names import ACTIONS, COUNT, INFO, REMAP, REMAP_PREDICATES
 from sglang_amd_moe.runtime.sglang.probe import ProbeEnv
 from sglang_amd_moe.runtime.target import Args
 
@@ -81,15 +72,10 @@ class Call:
     on_failure: Callable[[str, str], None]  # (what, text): the hook logs it once per what
 
 
-def make_call(plan, mod, live, mask, hip_flags, predicates, on_failure) -> Call:
-    flags = tuple(hip_flags) or (HIP_FLAG,)
-    return Call(plan, mod, Args(live), mask, flags, tuple(predicates), on_failure)
-
-
-def remap_enabled(mod: types.ModuleType | None = None, predicates: tuple[str, ...] = ()) -> bool:
+def remap_enabled(mod: types.ModuleType, predicates: tuple[str, ...] = ()) -> bool:
     """A real logical-to-physical expert map exists (EPLB, a non-trivial initial placement
-    or redundant experts): upstream's predicate, else the server args read the same way."""
-    mod = mod if mod is not None else sys.modules.get(TOPK_MODULE)
+    or redundant experts): upstream's predicate, else (a function that reads none) the
+    server args read the same way."""
     for name in (*predicates, *REMAP_PREDICATES):
         fn = getattr(mod, name, None)
         if callable(fn):

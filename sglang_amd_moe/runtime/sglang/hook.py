@@ -35,7 +35,7 @@ from sglang_amd_moe.runtime import env as _env
 from sglang_amd_moe.runtime.sglang import ledger
 from sglang_amd_moe.runtime.sglang import registry_compat as registry
 from sglang_amd_moe.runtime.sglang.bounds import Deadline
-from sglang_amd_moe.runtime.sglang.call import Call, LiveEnv, Plan, kernel_mask, make_call, run
+from sglang_amd_moe.runtime.sglang.call import Call, LiveEnv, Plan, kernel_mask, run
 from sglang_amd_moe.runtime.sglang.call import wrap_for_probe as _checked
 from sglang_amd_moe.runtime.sglang.names import (
     ACTIONS,
@@ -49,6 +49,7 @@ from sglang_amd_moe.runtime.sglang.names import (
 from sglang_amd_moe.runtime.sglang.probe import ProbeResult, probe
 from sglang_amd_moe.runtime.target import (
     MARK,
+    Args,
     Gate,
     HookStatus,
     Refusal,
@@ -162,10 +163,6 @@ class Preview:
     upstream: ProbeResult | None = None
     hooked: ProbeResult | None = None
 
-    @property
-    def running(self) -> ProbeResult | None:
-        return self.hooked if self.status.hooked else self.upstream
-
 
 @dataclass
 class _Facts:
@@ -231,16 +228,13 @@ def _running_reading(fn: Any, path: Path, text: str, file_reading: ledger.Readin
         lines, first = inspect.getsourcelines(fn)
         where = inspect.getsourcefile(fn) or ""
     except (OSError, TypeError, ValueError):
-        unread = dataclasses.replace(file_reading, binding="the running function has no source")
-        return dataclasses.replace(unread, fingerprint="", known=None, lineno=0, node=None), ""
+        why = "the running function has no source"
+        unread = {"fingerprint": "", "known": None, "lineno": 0, "node": None}
+        return dataclasses.replace(file_reading, binding=why, **unread), ""
     if where == str(path) and first == file_reading.lineno and not file_reading.binding:
         return file_reading, where
-    if where == str(path):
-        module_text = text
-    elif Path(where).is_file():
-        module_text = Path(where).read_text(encoding="utf-8")
-    else:  # a rewritten source registered for inspect (linecache)
-        module_text = "".join(linecache.getlines(where)) or text
+    # Another file, or a rewritten source registered for inspect: linecache has both.
+    module_text = text if where == str(path) else "".join(linecache.getlines(where)) or text
     return ledger.read(module_text, "".join(lines), first), where
 
 
@@ -440,25 +434,22 @@ class SGLangHook(Target):
         """The call for ``plan``, or for the first of its :func:`alternatives` whose hooked
         call the probe finds right; what stayed wrong when none is. Where the hooked call
         cannot be run, a plan the ledger gives stands (else none does)."""
-        known = facts.reading.known
-        make = functools.partial(
-            make_call, mod=facts.module, live=facts.live, mask=kernel_mask,
-            hip_flags=facts.reading.hip_flags, predicates=facts.reading.predicates,
-            on_failure=self.log_call_failure,
-        )  # fmt: skip
+        r, mod, args = facts.reading, facts.module, Args(facts.live)
+        base = Call(plan, mod, args, kernel_mask, r.hip_flags, r.predicates, self.log_call_failure)
         observed = facts.inputs.observed
         if not (observed is not None and observed.usable and plan.pre_mask):
-            return make(plan)
+            return base
         tried = facts.detail["probe_hooked"] = []
         for candidate in (plan,) if facts.inputs.strict else alternatives(plan):
-            call = make(candidate)
+            call = dataclasses.replace(base, plan=candidate)
             checked = facts.checked = facts.probe(wrap=_checked(call))
             tried.append(_probe_detail(checked))
             if checked.correct:
                 return call
             if not checked.ran:
-                if known is not None and known.plan is not None:
-                    return make(dataclasses.replace(Plan(**known.plan), verify=plan.verify))
+                if r.known is not None and r.known.plan is not None:
+                    known = dataclasses.replace(Plan(**r.known.plan), verify=plan.verify)
+                    return dataclasses.replace(base, plan=known)
                 return f"the hooked call could not be run: {checked.why}"
         return "; ".join(checked.findings[:3]) or checked.why
 
@@ -471,14 +462,12 @@ class SGLangHook(Target):
         if hook_registry is None:  # SGLang 0.5.10: no plugin framework
             self._apply_directly(mod, live)
             return "no SGLang plugin framework in this release: patched directly"
-        if registry.patched(TARGET, hook_registry) and not registry.registered(
-            TARGET, _around, hook_registry
-        ):
+        if registry.patched(TARGET) and not registry.registered(TARGET, _around):
             # The registry skips hooks registered after it patched a target: wrap on top.
             self._apply_directly(mod, live)
             return "target already patched by another plugin: wrapped on top of it directly"
         registry.register_around(TARGET, _around, hook_registry)
-        if registry.inside_load_plugins(hook_registry):
+        if registry.inside_load_plugins():
             return ""  # load_plugins() applies every registered hook right after the plugins
         hook_registry.HookRegistry.apply_hooks()
         fn = getattr(mod, FUNCTION_NAME, None)
@@ -519,24 +508,6 @@ class SGLangHook(Target):
         st = dataclasses.replace(st, detail={**st.detail, "preview": True})
         return Preview(st, upstream, checked)
 
-    def observe(self) -> ProbeResult | None:
-        """What the function does here now on the probe's batch: the hooked call where
-        the hook is live, upstream otherwise (None: topk not imported). Never raises."""
-        live = getattr(sys.modules.get(TOPK_MODULE), FUNCTION_NAME, None)
-        if live is None:
-            return None
-        upstream = inspect.unwrap(live)
-        with self.lock:
-            call = self.active[0] if self.active is not None and self.is_live() else None
-        if call is not None:
-            flags, preds = call.hip_flags, call.predicates
-            return probe(upstream, hip_flags=flags, predicates=preds, wrap=_checked(call))
-        try:
-            r = ledger.read(Path(inspect.getsourcefile(upstream) or "").read_text("utf-8"))
-        except (OSError, TypeError):
-            return probe(upstream)
-        return probe(upstream, hip_flags=r.hip_flags, predicates=r.predicates)
-
 
 HOOK = SGLangHook()
 install = HOOK.install
@@ -544,4 +515,3 @@ status = HOOK.status
 is_live = HOOK.is_live
 uninstall = HOOK.uninstall
 preview = HOOK.preview
-observe = HOOK.observe

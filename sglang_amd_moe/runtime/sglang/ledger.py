@@ -10,7 +10,6 @@ probe needs: the module's HIP flags, its EPLB predicates, whether a HIP path cal
 from __future__ import annotations
 
 import ast
-import difflib
 import functools
 import hashlib
 import json
@@ -24,7 +23,6 @@ from sglang_amd_moe.runtime.sglang import names
 from sglang_amd_moe.runtime.target import call_name
 
 LEDGER_FILE = Path(__file__).with_name("ledger.json")
-BODIES_FILE = Path(__file__).with_name("ledger_bodies.json")
 # Fields that do not change what code does: left out of the fingerprint.
 _IGNORED_FIELDS = frozenset({"ctx", "type_comment", "type_params", "kind", "annotation", "returns"})
 
@@ -47,12 +45,7 @@ class Reading:
     hip_flags: tuple[str, ...] = (names.HIP_FLAG,)
     predicates: tuple[str, ...] = names.REMAP_PREDICATES
     remaps_on_hip: bool = False  # a non-CUDA path (or a helper it calls) calls the remap
-    node: ast.AST | None = field(default=None, repr=False, compare=False)  # the function
-
-    @property
-    def body(self) -> str:
-        """The function without docstrings, as text (what the audit diffs)."""
-        return ast.unparse(_without_docstrings(self.node)) + "\n" if self.node else ""
+    node: ast.AST | None = field(default=None, repr=False, compare=False)  # the function (audit)
 
     @property
     def form(self) -> str:
@@ -74,20 +67,6 @@ def entries() -> dict[str, Entry]:
     """The ledger: fingerprint -> entry."""
     doc = json.loads(LEDGER_FILE.read_text(encoding="utf-8"))["entries"]
     return {fp: Entry(e["form"], e["plan"], tuple(e["sources"])) for fp, e in doc.items()}
-
-
-def nearest(body: str) -> dict | None:
-    """The ledger body (``ledger_bodies.json``) nearest to ``body`` (a normalised
-    function) and the diff to it."""
-    known = {fp: t.splitlines(True) for fp, t in json.loads(BODIES_FILE.read_text()).items()}
-    if not body or not known:
-        return None
-    lines = body.splitlines(keepends=True)
-    fp = max(known, key=lambda fp: difflib.SequenceMatcher(None, known[fp], lines).ratio())
-    entry = entries().get(fp)
-    label = entry.sources[0] if entry is not None else fp[:12]
-    diff = difflib.unified_diff(known[fp], lines, fromfile=f"known: {label}", tofile="installed")
-    return {"body": label, "form": entry.form if entry else None, "diff": "".join(diff)}
 
 
 def read(module_text: str, function_source: str | None = None, first_line: int = 1) -> Reading:
@@ -122,16 +101,6 @@ def read(module_text: str, function_source: str | None = None, first_line: int =
 @functools.lru_cache(maxsize=4)
 def _parse(text: str) -> ast.Module:
     return ast.parse(text)  # one parse per text and process: the tree is only read
-
-
-def _without_docstrings(node: ast.AST) -> ast.AST:
-    node = ast.parse(ast.unparse(node)).body[0] if not isinstance(node, ast.Module) else node
-    for n in ast.walk(node):
-        body = getattr(n, "body", None)
-        scope = isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Module)
-        if scope and body and _bare_string(body[0]):
-            n.body = body[1:] or [ast.Pass()]
-    return node
 
 
 def _canon(node: Any) -> str:
@@ -221,15 +190,13 @@ def _used_statements(tree: ast.Module, fn: ast.AST) -> list[ast.stmt]:
     while changed:
         changed = False
         for i, s in enumerate(candidates):
-            if i not in chosen and _bound_anywhere(s) & needed:
+            if i in chosen:
+                continue
+            if set().union(*(_bound(x) for x in _module_statements([s]))) & needed:
                 chosen.add(i)
                 needed |= _loads(s)
                 changed = True
     return [candidates[i] for i in sorted(chosen)]
-
-
-def _bound_anywhere(stmt: ast.stmt) -> set[str]:
-    return set().union(*(_bound(s) for s in _module_statements([stmt])))
 
 
 def hip_flags(tree: ast.Module) -> tuple[str, ...]:

@@ -10,13 +10,11 @@ upstream's kernel; it runs under ``bounds.Bounded``.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import copy
 import dataclasses
 import importlib.util
 import inspect
-import linecache
 import sys
 import time
 import types
@@ -51,12 +49,10 @@ class Observation:
     findings: tuple[str, ...] = ()  # what was wrong, in words
     raised: str = ""  # "Type: message" when the call raised
     pad_ids_untouched: bool = False  # padded ids are exactly the garbage they came in with
-    pad_ids_in_range: bool = False  # (the shared expert's id included)
     pad_weights_zero: bool = False
     real_ids: str = ""  # as-given, remapped-once, remapped-twice or other
     real_weights_same: bool = False  # bit-identical to the input
     remaps: int = 0  # calls of the remap with the probe's dispatch info
-    remap_read_garbage: bool = False  # one of them was handed padded ids out of range
     predicate_reads: int = 0  # of the EPLB predicate or of the server's EPLB settings
 
 
@@ -255,10 +251,10 @@ def _hip_namespace(namespace: Mapping, standins: Mapping, hip_flags, predicates,
         **(base if isinstance(base, dict) else vars(base)),
         "__import__": probe_import,
     }
-    return _rebind_all(g, namespace, skip={*standins, *predicates})
+    return rebind_all(g, namespace, skip={*standins, *predicates})
 
 
-def _rebind_all(g: dict[str, Any], namespace: Mapping[str, Any], skip=()) -> dict[str, Any]:
+def rebind_all(g: dict[str, Any], namespace: Mapping[str, Any], skip=()) -> dict[str, Any]:
     """``g`` with its functions of ``namespace`` (but those named in ``skip``) bound to it."""
     for name, value in list(g.items()):
         if isinstance(value, types.FunctionType) and value.__globals__ is namespace:
@@ -322,6 +318,11 @@ def _probe(fn, namespace, hip_flags, predicates, wrap, t0, deadline) -> ProbeRes
         return ProbeResult(False, "the module has no TopKConfig")
     home = sys.modules.get(namespace.get("__name__", ""))
     watched = [v for v in namespace.values() if isinstance(v, types.ModuleType)]
+    gen = torch.Generator().manual_seed(20261130)
+    batch = (
+        torch.randint(0, EXPERTS, (REAL, TOPK), generator=gen, dtype=torch.int32),
+        torch.rand((REAL, TOPK), generator=gen, dtype=torch.float32),
+    )
     observations: list[Observation] = []
     calls = 0
     with Bounded(deadline, [home, *watched] if home else watched) as bounds:
@@ -334,9 +335,9 @@ def _probe(fn, namespace, hip_flags, predicates, wrap, t0, deadline) -> ProbeRes
             if wrap is not None:
                 pred, remap = standins[names.REMAP_PREDICATES[0]], standins[names.REMAP]
                 target = wrap(target, ProbeEnv(lambda: True, pred, remap))
-            run = _Run(torch, scenario, record, info if with_info else None, shared)
             calls += 1
-            observations.append(run.call(target, params, namespace))
+            args = (namespace, record, scenario, shared, batch, info if with_info else None)
+            observations.append(_run(torch, target, params, *args))
     seconds = time.perf_counter() - t0
     effects = (
         *bounds.written,
@@ -368,88 +369,71 @@ def _config(namespace: Mapping[str, Any], shared: bool) -> Any:
     return cls(top_k=TOPK + 1, shared_experts=type(default)(num_fused_shared_experts=1))
 
 
-class _Run:
-    """One scenario: the batch, the call, and what came out."""
-
-    def __init__(self, torch, scenario, record, info, shared) -> None:
-        self.torch, self.scenario, self.record = torch, scenario, record
-        self.info, self.shared = info, shared
-        gen = torch.Generator().manual_seed(20261130)
-        self.real_ids = torch.randint(0, EXPERTS, (REAL, TOPK), generator=gen, dtype=torch.int32)
-        self.real_w = torch.rand((REAL, TOPK), generator=gen, dtype=torch.float32)
-
-    def call(self, target, params, namespace) -> Observation:
-        torch = self.torch
-        kwargs: dict[str, Any] = {
-            "topk_ids": torch.cat([self.real_ids, torch.tensor(PAD_IDS, dtype=torch.int32)]),
-            "topk_weights": torch.cat([self.real_w, torch.full((ROWS - REAL, TOPK), float("nan"))]),
-            names.COUNT: torch.tensor([REAL], dtype=torch.int32),
-            names.INFO: self.info,
-        }
-        if "topk_config" in params:
-            try:
-                kwargs["topk_config"] = _config(namespace, self.shared)
-            except Exception as exc:  # no shared-expert config here
-                return self._raised(exc)
-        if "router_logits" in params:
-            gen = torch.Generator().manual_seed(7)
-            kwargs["router_logits"] = torch.randn((ROWS, EXPERTS), generator=gen)
-        if "layer_id" in params:
-            kwargs["layer_id"] = 0
-        try:
-            out = target(**kwargs)
-            return self._observe(out[0], out[1])
-        except (KeyboardInterrupt, ProbeAbort):
-            raise
-        except BaseException as exc:  # noqa: BLE001 - what upstream raised is an observation
-            return self._raised(exc)
-
-    def _raised(self, exc: BaseException) -> Observation:
+def _run(torch, target, params, namespace, record, scenario, shared, batch, info) -> Observation:
+    """One scenario's call on the batch (real rows, then padded rows of garbage) and what
+    came out; what upstream raised is an observation too."""
+    kwargs: dict[str, Any] = {
+        "topk_ids": torch.cat([batch[0], torch.tensor(PAD_IDS, dtype=torch.int32)]),
+        "topk_weights": torch.cat([batch[1], torch.full((ROWS - REAL, TOPK), float("nan"))]),
+        names.COUNT: torch.tensor([REAL], dtype=torch.int32),
+        names.INFO: info,
+    }
+    if "router_logits" in params:
+        gen = torch.Generator().manual_seed(7)
+        kwargs["router_logits"] = torch.randn((ROWS, EXPERTS), generator=gen)
+    if "layer_id" in params:
+        kwargs["layer_id"] = 0
+    try:
+        if "topk_config" in params:  # raises where there is no shared-expert config
+            kwargs["topk_config"] = _config(namespace, shared)
+        out = target(**kwargs)
+        return _observe(torch, record, scenario, shared, batch, out[0], out[1])
+    except (KeyboardInterrupt, ProbeAbort):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - what upstream raised is an observation
         text = f"{type(exc).__name__}: {exc}"
-        return Observation(self.scenario, False, (f"{self.scenario}: raised {text}",), text)
+        return Observation(scenario, False, (f"{scenario}: raised {text}",), text)
 
-    def _observe(self, out_ids, out_w) -> Observation:
-        torch, scenario, record = self.torch, self.scenario, self.record
-        # With a shared expert, upstream appends its column (or leaves it to a caller).
-        widths = (TOPK, TOPK + 1) if self.shared else (TOPK,)
-        width = out_ids.shape[-1] if out_ids.ndim == 2 else -1
-        if width not in widths or tuple(out_ids.shape) != tuple(out_w.shape):
-            why = f"{scenario}: output shapes {tuple(out_ids.shape)}/{tuple(out_w.shape)}"
-            counts = {"remaps": record.remaps, "predicate_reads": record.predicate_reads}
-            return Observation(scenario, False, (f"{why}, not {(ROWS, width)}",), **counts)
-        ids = out_ids.to(torch.long)
-        pad = ids[REAL:]
-        pad_untouched = bool((pad[:, :TOPK] == torch.tensor(PAD_IDS)).all())
-        pad_in_range = bool(((pad >= 0) & (pad < EXPERTS + width - TOPK)).all())
-        pad_zero = bool((out_w[REAL:] == 0).all())
-        perm = DispatchInfo(torch).partial_logical_to_rank_dispatch_physical_map.to(torch.long)
-        given, real = self.real_ids.to(torch.long), ids[:REAL, :TOPK]
-        states = {"as-given": given, "remapped-once": perm[given], "twice": perm[perm[given]]}
-        real_state = next((k for k, v in states.items() if torch.equal(real, v)), "other")
-        real_state = "remapped-twice" if real_state == "twice" else real_state
-        routed_w = out_w[:REAL, :TOPK].contiguous()
-        w_same = bool(torch.equal(routed_w.view(torch.int32), self.real_w.view(torch.int32)))
-        want = "remapped-once" if record.eplb else "as-given"
-        findings: list[str] = []
-        if not pad_in_range:
-            bad = sorted({int(x) for x in pad.flatten().tolist() if not 0 <= x < EXPERTS})[:3]
-            findings.append(f"{scenario}: padded ids out of range ({', '.join(map(str, bad))})")
-        if not pad_zero:
-            vals = sorted({str(float(x)) for x in out_w[REAL:].flatten().tolist() if x != 0})[:2]
-            findings.append(f"{scenario}: padded weights not zero ({', '.join(vals)})")
-        if real_state != want:
-            findings.append(
-                f"{scenario}: real rows' ids {real_state.replace('-', ' ')}, "
-                f"want {want.replace('-', ' ')}"
-            )
-        if not w_same:
-            findings.append(f"{scenario}: real rows' weights changed")
-        if record.remap_read_garbage:
-            findings.append(f"{scenario}: the remap read padded ids out of range")
-        return Observation(
-            scenario, not findings, tuple(findings), "", pad_untouched, pad_in_range, pad_zero,
-            real_state, w_same, record.remaps, record.remap_read_garbage, record.predicate_reads,
-        )  # fmt: skip
+
+def _observe(torch, record, scenario, shared, batch, out_ids, out_w) -> Observation:
+    # With a shared expert, upstream appends its column (or leaves it to a caller).
+    widths = (TOPK, TOPK + 1) if shared else (TOPK,)
+    width = out_ids.shape[-1] if out_ids.ndim == 2 else -1
+    counts = {"remaps": record.remaps, "predicate_reads": record.predicate_reads}
+    if width not in widths or tuple(out_ids.shape) != tuple(out_w.shape):
+        why = f"{scenario}: output shapes {tuple(out_ids.shape)}/{tuple(out_w.shape)}"
+        return Observation(scenario, False, (f"{why}, not {(ROWS, width)}",), **counts)
+    ids, (real_ids, real_w) = out_ids.to(torch.long), batch
+    pad = ids[REAL:]
+    pad_untouched = bool((pad[:, :TOPK] == torch.tensor(PAD_IDS)).all())
+    pad_zero = bool((out_w[REAL:] == 0).all())
+    perm = DispatchInfo(torch).partial_logical_to_rank_dispatch_physical_map.to(torch.long)
+    given, real = real_ids.to(torch.long), ids[:REAL, :TOPK]
+    states = {"as-given": given, "remapped-once": perm[given], "remapped-twice": perm[perm[given]]}
+    real_state = next((k for k, v in states.items() if torch.equal(real, v)), "other")
+    routed_w = out_w[:REAL, :TOPK].contiguous()
+    w_same = bool(torch.equal(routed_w.view(torch.int32), real_w.view(torch.int32)))
+    want = "remapped-once" if record.eplb else "as-given"
+    findings: list[str] = []
+    if not bool(((pad >= 0) & (pad < EXPERTS + width - TOPK)).all()):  # the shared id included
+        bad = sorted({int(x) for x in pad.flatten().tolist() if not 0 <= x < EXPERTS})[:3]
+        findings.append(f"{scenario}: padded ids out of range ({', '.join(map(str, bad))})")
+    if not pad_zero:
+        vals = sorted({str(float(x)) for x in out_w[REAL:].flatten().tolist() if x != 0})[:2]
+        findings.append(f"{scenario}: padded weights not zero ({', '.join(vals)})")
+    if real_state != want:
+        findings.append(
+            f"{scenario}: real rows' ids {real_state.replace('-', ' ')}, "
+            f"want {want.replace('-', ' ')}"
+        )
+    if not w_same:
+        findings.append(f"{scenario}: real rows' weights changed")
+    if record.remap_read_garbage:
+        findings.append(f"{scenario}: the remap read padded ids out of range")
+    return Observation(
+        scenario, not findings, tuple(findings), "", pad_untouched, pad_zero, real_state, w_same,
+        **counts,
+    )  # fmt: skip
 
 
 def _judge(obs: list[Observation]) -> ProbeResult:
@@ -473,54 +457,3 @@ def _judge(obs: list[Observation]) -> ProbeResult:
     elif eplb[2].ok and all(plain[:2]) and all(o.pad_weights_zero for o in eplb[:2]):
         behaviour = "mask-under-eplb-guard"
     return ProbeResult(True, "", False, behaviour, findings, **common)
-
-
-def probe_module(module: Any, **kw: Any) -> ProbeResult:
-    """Probe the module's ``_post_process_topk_ids`` under any wrappers. Never raises."""
-    try:
-        fn = inspect.unwrap(getattr(module, names.FUNCTION_NAME))
-    except Exception as exc:
-        why = f"no {names.FUNCTION_NAME} to probe ({type(exc).__name__}: {exc})"
-        return ProbeResult(False, why)
-    return probe(fn, **kw)
-
-
-def function_from_source(module: Any, source: str) -> tuple[Callable[..., Any], dict[str, Any]]:
-    """``_post_process_topk_ids`` as ``source`` (a full topk.py text, e.g. a patch's result)
-    defines it, over a copy of the live ``module``'s globals in which the module-level
-    statements that differ from the installed file's ran. Raises when it binds none."""
-    have = {ast.dump(s) for s in ast.parse(inspect.getsource(module)).body}
-    changed = [
-        s for s in ast.parse(source).body if ast.dump(s) not in have and not isinstance(s, ast.Expr)
-    ]
-    ns = compile_over(module, changed, source)
-    fn = ns.get(names.FUNCTION_NAME)
-    if not isinstance(fn, types.FunctionType):
-        raise LookupError(f"the source binds no function {names.FUNCTION_NAME}")
-    return fn, ns
-
-
-def compile_over(module: Any, statements: list[ast.stmt], source: str) -> dict[str, Any]:
-    """A copy of ``module``'s globals in which ``statements`` (of the text ``source``,
-    registered for ``inspect``) have run; the copy's functions rebound to the copy."""
-    import __future__
-
-    filename = f"<{getattr(module, '__file__', module.__name__)} as rewritten {hash(source)}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    tree, flags = ast.Module(body=statements, type_ignores=[]), __future__.annotations.compiler_flag
-    code = compile(tree, filename, "exec", flags=flags, dont_inherit=True)
-    ns = dict(vars(module))
-    exec(code, ns)  # noqa: S102 - the rewritten statements, in a copy of the namespace
-    return _rebind_all(ns, vars(module))
-
-
-def probe_source(module: Any, source: str, **kw: Any) -> ProbeResult:
-    """Probe the function a rewritten ``topk.py`` text defines (a patch checked before it
-    is offered), against the live module's globals. Never raises."""
-    try:
-        fn, ns = function_from_source(module, source)
-    except (Exception, SystemExit) as exc:
-        return ProbeResult(
-            False, f"the rewritten source does not load: {type(exc).__name__}: {exc}"
-        )
-    return probe(fn, ns, **kw)

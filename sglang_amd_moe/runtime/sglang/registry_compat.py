@@ -8,15 +8,13 @@ registry without them and imports SGLang only when asked to.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from typing import Any
 
 Hook = Callable[..., Any]
-
-
-def _module(module: Any | None) -> Any | None:
-    return module or sys.modules.get("sglang.srt.plugins.hook_registry")
+MODULE = "sglang.srt.plugins.hook_registry"
 
 
 def load() -> Any | None:
@@ -28,34 +26,36 @@ def load() -> Any | None:
     return hook_registry
 
 
-def _entries(module: Any | None, target: str) -> list:
+def _registry() -> Any:
+    return getattr(sys.modules.get(MODULE), "HookRegistry", None)
+
+
+def _entries(target: str) -> list:
     try:
-        return (
-            getattr(getattr(_module(module), "HookRegistry", None), "_hooks", {}).get(target) or []
-        )
+        return getattr(_registry(), "_hooks", {}).get(target) or []
     except (AttributeError, TypeError):
         return []
 
 
-def registered(target: str, hook: Hook, module: Any | None = None) -> bool:
+def registered(target: str, hook: Hook) -> bool:
     """``hook`` is in the registry's list for ``target`` (applied or not)."""
     try:
-        return any(entry[1] is hook for entry in _entries(module, target))
+        return any(entry[1] is hook for entry in _entries(target))
     except (IndexError, TypeError):
         return False
 
 
-def patched(target: str, module: Any | None = None) -> bool:
+def patched(target: str) -> bool:
     """The registry has applied its hooks to ``target`` (later registrations are skipped)."""
     try:
-        return target in getattr(getattr(_module(module), "HookRegistry", None), "_patched", ())
+        return target in getattr(_registry(), "_patched", ())
     except TypeError:
         return False
 
 
-def hook_applied(target: str, hook: Hook, module: Any | None = None) -> bool | None:
+def hook_applied(target: str, hook: Hook) -> bool | None:
     """``HookRegistry.is_hook_applied`` where the release has it; else None."""
-    query = getattr(getattr(_module(module), "HookRegistry", None), "is_hook_applied", None)
+    query = getattr(_registry(), "is_hook_applied", None)
     try:
         return bool(query(target, hook)) if callable(query) else None
     except Exception:
@@ -70,9 +70,9 @@ def pending(target: str, hook: Hook) -> bool:
     return not (patched(target) if applied is None else applied)
 
 
-def inside_load_plugins(module: Any | None = None) -> bool:
+def inside_load_plugins() -> bool:
     """This call runs inside ``load_plugins()`` (which applies the hooks right after)."""
-    current = getattr(_module(module), "_current_plugin_source", None)
+    current = getattr(sys.modules.get(MODULE), "_current_plugin_source", None)
     try:
         return current is not None and current.get() is not None
     except Exception:
@@ -81,16 +81,12 @@ def inside_load_plugins(module: Any | None = None) -> bool:
 
 def register_around(target: str, hook: Hook, module: Any) -> None:
     """``HookRegistry.register(target, hook, HookType.AROUND)``, once."""
-    if not registered(target, hook, module):
+    if not registered(target, hook):
         module.HookRegistry.register(target, hook, module.HookType.AROUND)
 
 
 def unregister(target: str, hook: Hook) -> None:
     """Take ``hook`` out of the registry's list for ``target`` before it is applied."""
-    items = _entries(None, target)
-    try:
-        keep = [e for e in items if e[1] is not hook]
-        if len(keep) != len(items):
-            items[:] = keep
-    except (IndexError, TypeError):
-        pass
+    items = _entries(target)
+    with contextlib.suppress(IndexError, TypeError):
+        items[:] = [e for e in items if e[1] is not hook]

@@ -147,6 +147,7 @@ def drive(batch: driver.Batch, eplb: driver.Eplb) -> dict:
 def run_variant(
     v: Variant, base_text: str, moe_dir: Path, logs: driver.Collect, written: set[str]
 ) -> dict:
+    from sglang_amd_moe.diagnostics.audit import plugins
     from sglang_amd_moe.runtime.sglang import hook as sglang_hook
     from sglang_amd_moe.runtime.sglang import ledger
     from sglang_amd_moe.runtime.sglang import probe as sglang_probe
@@ -219,7 +220,7 @@ def run_variant(
     batch.fn = None
     out["hooked"] = drive(batch, eplb)
     out["our_layers_after"] = our_layers(tk._post_process_topk_ids)
-    seen = sglang_hook.observe()  # what the audit asks: the call as it runs now
+    seen = plugins.observe()  # what the audit asks: the call as it runs now
     if seen is not None:
         out["observe"] = {"correct": seen.correct, "behaviour": seen.behaviour}
     else:
@@ -230,12 +231,12 @@ def run_variant(
 
 def patch_checks(base_text: str, moe_dir: Path) -> list[dict]:
     """The audit's check of a patch before offering it, on this release: the shipped
-    patch for its form, applied to its topk.py, probed (``sglang_probe.probe_source``);
+    patch for its form, applied to its topk.py, probed (``plugins.probe_source``);
     and the same patch with its added lines naming a parameter the function does not
     have (it still applies; every HIP call would raise NameError)."""
     from sglang_amd_moe.diagnostics import patching
+    from sglang_amd_moe.diagnostics.audit.plugins import probe_source
     from sglang_amd_moe.runtime.sglang import ledger
-    from sglang_amd_moe.runtime.sglang import probe as sglang_probe
 
     form = ledger.read(base_text).form
     name = patching.patch_for("sglang", form)
@@ -257,7 +258,7 @@ def patch_checks(base_text: str, moe_dir: Path) -> list[dict]:
         ("names a missing parameter", patching.apply_text(base_text, renamed)),
     ):
         t = time.perf_counter()
-        result = sglang_probe.probe_source(tk, text)
+        result = probe_source(tk, text)
         out.append(
             {
                 "patch": name,
