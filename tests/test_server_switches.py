@@ -38,7 +38,7 @@ M, N, K, E = 8, 5, 4, 16
 DS_M, DS_N, DS_K, DS_E = 12, 5, 8, 256
 
 PROBE = """
-import dataclasses, json, os, sys, warnings
+import dataclasses, itertools, json, os, sys, warnings
 warnings.simplefilter("ignore")
 import torch, torch._dynamo
 import sitecustomize as sc
@@ -64,40 +64,57 @@ set_global_server_args_for_scheduler(args)
 if os.environ.get("PROBE_PLUGIN") == "1":
     from sglang.srt.plugins import load_plugins
     load_plugins()
-M, N, K, E = (int(x) for x in sys.argv[2:6])
-shape = sys.argv[6]
-g = torch.Generator().manual_seed(0)
-hidden = torch.randn(M, 32, generator=g)
-logits = torch.randn(M, E, generator=g)
-if shape == "deepseek_v3":
-    layer = topk.TopK(top_k=K + 1, use_grouped_topk=True, num_expert_group=8, topk_group=4,
-                      num_fused_shared_experts=1,
-                      correction_bias=torch.randn(E, generator=g) * 0.1,
-                      scoring_func="sigmoid", renormalize=True, routed_scaling_factor=2.5)
-else:
-    layer = topk.TopK(top_k=K, use_grouped_topk=True, num_expert_group=4, topk_group=2,
-                      correction_bias=torch.zeros(E), scoring_func="sigmoid", renormalize=True)
-# On the GPU the count tensor is made at the first graph capture; here it lives on the CPU.
-sc._STATE["count"] = torch.tensor([N], dtype=torch.int32)
-out = {"flags": [topk._is_hip, topk._is_cuda]}
-with torch._dynamo.config.patch(disable=True):  # SGLang's torch.compile'd router, run eagerly
-    r = layer.forward_cuda(hidden, logits)
-    out["eager"] = [r.topk_ids.tolist(), r.topk_weights.tolist()]
-    with cgr.model_capture_mode():
+
+
+def run(shape, M, N, K, E):
+    # What the sitecustomize keeps per process starts afresh for each shape, as in a
+    # server process of its own: the record, the counts buffer and the garbage salt.
+    sc.RECORD = sc._Record()
+    sc._STATE.update(salt=itertools.count(1), topk_counts=None, topk_counts_seen=None)
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(M, 32, generator=g)
+    logits = torch.randn(M, E, generator=g)
+    if shape == "deepseek_v3":
+        layer = topk.TopK(top_k=K + 1, use_grouped_topk=True, num_expert_group=8, topk_group=4,
+                          num_fused_shared_experts=1,
+                          correction_bias=torch.randn(E, generator=g) * 0.1,
+                          scoring_func="sigmoid", renormalize=True, routed_scaling_factor=2.5)
+    else:
+        layer = topk.TopK(top_k=K, use_grouped_topk=True, num_expert_group=4, topk_group=2,
+                          correction_bias=torch.zeros(E), scoring_func="sigmoid", renormalize=True)
+    # On the GPU the count tensor is made at the first graph capture; here it is on the CPU.
+    sc._STATE["count"] = torch.tensor([N], dtype=torch.int32)
+    out = {"flags": [topk._is_hip, topk._is_cuda]}
+    with torch._dynamo.config.patch(disable=True):  # SGLang's torch.compile'd router, eagerly
         r = layer.forward_cuda(hidden, logits)
-    weights = [[x if x == x else "nan" for x in row] for row in r.topk_weights.tolist()]
-    out["capture"] = [r.topk_ids.tolist(), weights]
-sc._collect_topk_counts(force=True)  # no graph replays here: read the counts now
-out["record"] = sc.RECORD.data
-json.dump(out, open(sys.argv[1], "w"))
+        out["eager"] = [r.topk_ids.tolist(), r.topk_weights.tolist()]
+        with cgr.model_capture_mode():
+            r = layer.forward_cuda(hidden, logits)
+        weights = [[x if x == x else "nan" for x in row] for row in r.topk_weights.tolist()]
+        out["capture"] = [r.topk_ids.tolist(), weights]
+    sc._collect_topk_counts(force=True)  # no graph replays here: read the counts now
+    out["record"] = sc.RECORD.data
+    return out
+
+
+json.dump({s[0]: run(*s) for s in json.loads(sys.argv[2])}, open(sys.argv[1], "w"))
 """
 
 
-def _run_both(tmp_path: Path, shape: str, m: int, n: int, k: int, e: int) -> dict[str, dict]:
+#: (shape, rows, real rows, top-k, routed experts) of each probe, in the order one
+#: process runs them.
+SHAPES = (("grouped", M, N, K, E), ("deepseek_v3", DS_M, DS_N, DS_K, DS_E))
+
+
+@pytest.fixture(scope="module")
+def switch_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, dict]]:
+    """shape -> mode -> the probe's output: one process per mode (without and with the
+    plugin), each importing SGLang once and running every shape of :data:`SHAPES`."""
     if not PYTHON.exists():
         pytest.skip(
             f"SGLang 0.5.13.post1 not built at {PYTHON.parent.parent} (make test builds it)"
         )
+    tmp_path = tmp_path_factory.mktemp("switches")
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     procs = {}
@@ -118,23 +135,24 @@ def _run_both(tmp_path: Path, shape: str, m: int, n: int, k: int, e: int) -> dic
         if mode == "plugin":
             env.update(PROBE_PLUGIN="1", SGLANG_AMD_MOE_FORCE="1")
         out = tmp_path / f"{mode}.json"
-        cmd = [str(PYTHON), str(script), str(out), str(m), str(n), str(k), str(e), shape]
+        cmd = [str(PYTHON), str(script), str(out), json.dumps(SHAPES)]
         procs[mode] = (
             subprocess.Popen(cmd, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True),
             out,
         )
-    results = {}
+    results: dict[str, dict[str, dict]] = {shape: {} for shape, *_ in SHAPES}
     for mode, (proc, out) in procs.items():
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{mode} probe failed:\n{err[-3000:]}"
         assert "SERVER-TEST" in err and "_is_hip=True, _is_cuda=False" in err, err[-2000:]
-        results[mode] = json.loads(out.read_text())
+        for shape, r in json.loads(out.read_text()).items():
+            results[shape][mode] = r
     return results
 
 
 @pytest.mark.sglang
-def test_switches_emulate_amd_padded_rows_and_the_plugin_masks_them(tmp_path: Path) -> None:
-    runs = _run_both(tmp_path, "grouped", M, N, K, E)
+def test_switches_emulate_amd_padded_rows_and_the_plugin_masks_them(switch_runs: dict) -> None:
+    runs = switch_runs["grouped"]
     for mode, r in runs.items():
         assert r["flags"] == [True, False], mode
         eager_ids, eager_w = r["eager"]
@@ -157,10 +175,10 @@ def test_switches_emulate_amd_padded_rows_and_the_plugin_masks_them(tmp_path: Pa
 
 
 @pytest.mark.sglang
-def test_fused_shared_expert_column_of_padded_rows_is_masked_and_counted(tmp_path: Path) -> None:
+def test_fused_shared_expert_column_of_padded_rows_is_masked_and_counted(switch_runs: dict) -> None:
     m, n, k, e = DS_M, DS_N, DS_K, DS_E
     pad = m - n
-    runs = _run_both(tmp_path, "deepseek_v3", m, n, k, e)
+    runs = switch_runs["deepseek_v3"]
     for mode, r in runs.items():
         eager_ids, eager_w = r["eager"]
         ids, weights = r["capture"]

@@ -30,6 +30,7 @@ named by ``SGLANG_AMD_MOE_TEST_SERVER_PYTHON`` (default: this one) has them, els
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -100,6 +101,7 @@ KNOWN_STOP = re.compile(
 )
 
 
+@functools.cache  # one interpreter, asked once for both tests
 def _have_extras() -> str | None:
     code = "import " + ", ".join(EXTRA_MODULES)
     proc = subprocess.run([SERVER_PY, "-c", code], capture_output=True, text=True, timeout=120)
