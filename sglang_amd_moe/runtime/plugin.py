@@ -17,8 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sglang_amd_moe.runtime import env
-from sglang_amd_moe.runtime import target as target_module
+from sglang_amd_moe.runtime import collector_paused
 
 logger = logging.getLogger("sglang_amd_moe")
 _LOCK = threading.RLock()
@@ -94,8 +93,11 @@ def _aiter_targets() -> list[tuple[str, str, Callable[[], Any]]]:
 
 
 def _run(targets: list[tuple[str, str, Callable[[], Any]]]) -> None:
-    with target_module.collector_paused():
+    with collector_paused():
         try:
+            # Imported here, with the collector paused: see collector_paused().
+            from sglang_amd_moe.runtime import env
+
             with _LOCK:
                 _make_log_visible()
                 allowed, why = env.gate()

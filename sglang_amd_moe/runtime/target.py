@@ -10,8 +10,6 @@ parameters read without binding.
 from __future__ import annotations
 
 import ast
-import contextlib
-import gc
 import importlib.abc
 import inspect
 import logging
@@ -24,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_amd_moe.runtime import env
+from sglang_amd_moe.runtime import collector_paused, env
 
 logger = logging.getLogger("sglang_amd_moe")
 
@@ -289,21 +287,6 @@ def call_name(call: ast.Call) -> str:
 
 _WATCHED: dict[str, list[Callable[[types.ModuleType], None]]] = {}
 _busy = threading.local()
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's garbage collector off while the plugin decides (at load, and at a watched
-    module's import), then back as it was. Right after SGLang's imports a full collection
-    of their objects is due (seconds on a busy host); the plugin's allocations would
-    otherwise be what runs it. It runs later, in the process's own time."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def when_imported(module: str, callback: Callable[[types.ModuleType], None]) -> None:
