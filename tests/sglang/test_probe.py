@@ -9,7 +9,7 @@ import pytest
 import synthetic_topk as syn
 import torch
 
-from sglang_amd_moe.diagnostics.audit.plugins import probe_source
+from sglang_amd_moe.diagnostics.topk_source import probe_source
 from sglang_amd_moe.runtime.sglang import probe as sglang_probe
 from sglang_amd_moe.runtime.sglang.probe import ProbeEnv, probe
 

@@ -192,7 +192,7 @@ def test_the_table_keeps_the_verdicts_apart(label: str, variant_runs: VariantRun
     ],
 )
 def test_a_patch_is_probed_before_it_is_offered(label: str, variant_runs: VariantRuns) -> None:
-    """What the audit calls before it offers a patch (``plugins.probe_source``), on
+    """What the audit calls before it offers a patch (``topk_source.probe_source``), on
     the real release: the shipped patch makes the function right; the same patch with
     its added lines naming a parameter the function lacks still applies, and the probe
     catches it."""

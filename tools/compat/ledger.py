@@ -45,9 +45,8 @@ from typing import Any
 
 import build_env  # a sibling module (tools/compat)
 
-from sglang_amd_moe.diagnostics import patching
-from sglang_amd_moe.diagnostics.audit import read
-from sglang_amd_moe.diagnostics.audit.plugins import function_from_source
+from sglang_amd_moe.diagnostics import patching, topk_source
+from sglang_amd_moe.diagnostics.topk_source import function_from_source
 from sglang_amd_moe.runtime.sglang import hook, ledger, names
 from sglang_amd_moe.runtime.sglang.probe import probe
 from sglang_amd_moe.runtime.target import Refusal
@@ -151,7 +150,7 @@ def generate(labelled: list[tuple[str, str]]) -> tuple[dict, dict]:
             if (known["form"], known["plan"]) != (entry["form"], entry["plan"]):
                 raise RuntimeError(f"{source}: one body, two behaviours: {known} / {entry}")
             known["sources"].append(source)
-            bodies[fp] = read.function_text(ledger.read(body).node)
+            bodies[fp] = topk_source.function_text(ledger.read(body).node)
             print(f"[ledger] {source}: {entry['form']} {fp[:12]}", flush=True)
     return entries, bodies
 
@@ -159,7 +158,7 @@ def generate(labelled: list[tuple[str, str]]) -> tuple[dict, dict]:
 def write(entries: dict, bodies: dict) -> None:
     doc = {"generated_by": "tools/compat/ledger.py", "entries": dict(sorted(entries.items()))}
     ledger.LEDGER_FILE.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    read.BODIES_FILE.write_text(json.dumps(dict(sorted(bodies.items())), indent=0) + "\n")
+    topk_source.BODIES_FILE.write_text(json.dumps(dict(sorted(bodies.items())), indent=0) + "\n")
 
 
 def main(argv: list[str]) -> int:

@@ -3,21 +3,16 @@ guard), what blocks them, and with ``--load`` the hooks' statuses and what runs.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import importlib
 import importlib.metadata as md
-import inspect
-import linecache
 import os
 import sys
-import types
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sglang_amd_moe.diagnostics import patching, sources
+from sglang_amd_moe.diagnostics import patching, sources, topk_source
 from sglang_amd_moe.diagnostics.audit import read
 from sglang_amd_moe.diagnostics.audit.read import GUARD, SGLANG, AuditError, TargetReport
 from sglang_amd_moe.runtime import env
@@ -207,9 +202,9 @@ def observe_sglang(rep: TargetReport, view: PluginView) -> None:
     if upstream is None and not env.disabled():
         upstream = hook.preview().upstream
     if upstream is None and not hook.is_live():
-        upstream = observe()  # the plugin is disabled: upstream is what runs
+        upstream = topk_source.probe_live()  # the plugin is disabled: upstream is what runs
     if st is not None and st.state == "live":
-        seen = Seen("the hooked call", observe(), upstream, st)
+        seen = Seen("the hooked call", topk_source.probe_live(), upstream, st)
     elif first is not None and first.status.hooked:
         of = "on a ROCm machine" if off_here else "decided it; SGLang has not applied it yet"
         of = f"the hooked call (as the plugin {'makes it ' * off_here}{of})"
@@ -221,75 +216,13 @@ def observe_sglang(rep: TargetReport, view: PluginView) -> None:
         check_patch(rep, module, upstream)
 
 
-def observe() -> Any:
-    """The probe's ``ProbeResult`` of the function as it runs here now: the hooked call where
-    the SGLang hook is live, upstream otherwise (None: topk not imported). Never raises."""
-    from sglang_amd_moe.runtime.sglang.call import wrap_for_probe
-    from sglang_amd_moe.runtime.sglang.hook import HOOK
-    from sglang_amd_moe.runtime.sglang.probe import probe
-
-    live = getattr(sys.modules.get(names.TOPK_MODULE), names.FUNCTION_NAME, None)
-    if live is None:
-        return None
-    upstream = inspect.unwrap(live)
-    with HOOK.lock:
-        call = HOOK.active[0] if HOOK.active is not None and HOOK.is_live() else None
-    if call is not None:
-        flags, preds = call.hip_flags, call.predicates
-        return probe(upstream, hip_flags=flags, predicates=preds, wrap=wrap_for_probe(call))
-    try:
-        r = ledger.read(Path(inspect.getsourcefile(upstream) or "").read_text("utf-8"))
-    except (OSError, TypeError):
-        return probe(upstream)
-    return probe(upstream, hip_flags=r.hip_flags, predicates=r.predicates)
-
-
 def check_patch(rep: TargetReport, module: Any, upstream: Any) -> None:
     """Run the function the form's patch makes: applying but running wrong, it is not offered."""
     patched = patching.apply_text(rep.source, patching.read_patch(str(rep.patch)))
-    flags = ledger.read(patched)
-    r = probe_source(module, patched, hip_flags=flags.hip_flags, predicates=flags.predicates)
+    f = ledger.read(patched)
+    r = topk_source.probe_source(module, patched, hip_flags=f.hip_flags, predicates=f.predicates)
     rep.patch_probe = {"ran": r.ran, "right": r.correct, "findings": list(r.findings), "why": r.why}
     if not r.correct and not r.ran and (upstream is None or not upstream.ran):
         rep.notes.append(f"{rep.patch} could not be run here ({r.why}): it is checked as text only")
     elif not r.correct:
         rep.patch_status = read.PATCH_FAILS_PROBE
-
-
-def probe_source(module: Any, source: str, **kw: Any) -> Any:
-    """The probe's ``ProbeResult`` of the function a rewritten topk.py text defines, against
-    the live module's globals. Never raises."""
-    from sglang_amd_moe.runtime.sglang import probe
-
-    try:
-        fn, ns = function_from_source(module, source)
-    except (Exception, SystemExit) as exc:
-        why = f"the rewritten source does not load: {type(exc).__name__}: {exc}"
-        return probe.ProbeResult(False, why)
-    return probe.probe(fn, ns, **kw)
-
-
-def function_from_source(
-    module: Any, source: str, statements: list[ast.stmt] | None = None
-) -> tuple[Callable[..., Any], dict[str, Any]]:
-    """``_post_process_topk_ids`` as ``source`` (a full topk.py text) defines it, over a copy
-    of the live ``module``'s globals in which ``statements`` of ``source`` ran (by default
-    the module-level ones that differ from the installed file's), the copy's functions
-    rebound to the copy. ``source`` is registered for ``inspect``. Raises when it binds none."""
-    import __future__
-
-    from sglang_amd_moe.runtime.sglang.probe import rebind_all
-
-    if statements is None:
-        have = {ast.dump(s) for s in ast.parse(inspect.getsource(module)).body}
-        new = ast.parse(source).body
-        statements = [s for s in new if ast.dump(s) not in have and not isinstance(s, ast.Expr)]
-    filename = f"<{getattr(module, '__file__', module.__name__)} as rewritten {hash(source)}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    tree, flags = ast.Module(statements, type_ignores=[]), __future__.annotations.compiler_flag
-    ns = dict(vars(module))
-    exec(compile(tree, filename, "exec", flags=flags, dont_inherit=True), ns)  # noqa: S102
-    fn = rebind_all(ns, vars(module)).get(names.FUNCTION_NAME)
-    if not isinstance(fn, types.FunctionType):
-        raise LookupError(f"the source binds no function {names.FUNCTION_NAME}")
-    return fn, ns

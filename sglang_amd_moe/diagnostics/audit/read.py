@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics import patching, topk_source
 from sglang_amd_moe.diagnostics.sources import SourceError, distribution, read_source
 from sglang_amd_moe.runtime.aiter import forms as aiter_forms
 from sglang_amd_moe.runtime.sglang import ledger, names
@@ -39,8 +37,6 @@ FINGERPRINT_OF[AITER] = "the sort path's functions"
 _OWN = {SGLANG: "fused_topk select_experts TopK _post_process_topk_ids"}
 _OWN[AITER] = "fused_moe moe_sorting"
 _FILE = {SGLANG: "SGLang's sglang/srt/layers/moe/topk.py", AITER: "aiter's aiter/fused_moe.py"}
-#: The function of every body in the ledger, by fingerprint (written by the ledger tool).
-BODIES_FILE = ledger.LEDGER_FILE.with_name("ledger_bodies.json")
 
 
 class AuditError(SourceError):
@@ -90,7 +86,8 @@ def build_report(
     if target == SGLANG:
         r = ledger.read(source)
         form, sha, why, actions = r.form, r.fingerprint, r.why, names.ACTIONS
-        nearest = _nearest(function_text(r.node)) if form == "unknown" else None
+        if form == "unknown":
+            nearest = topk_source.nearest(topk_source.function_text(r.node))
     else:
         a = aiter_forms.analyze_source(source)
         form, sha, why, actions = a.form, a.source_sha256, a.reason, aiter_forms.ACTIONS
@@ -106,33 +103,6 @@ def build_report(
     if nearest is not None and not nearest["diff"]:
         rep.reason += f"; its function is {nearest['body']}'s, the module code it uses differs"
     return rep
-
-
-def function_text(node: ast.AST | None) -> str:
-    """A function without its docstrings, as text (what the ledger keeps and the audit diffs)."""
-    if node is None:
-        return ""
-    node = ast.parse(ast.unparse(node)).body[0]
-    for n in ast.walk(node):
-        body = getattr(n, "body", None)
-        scope = isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-        if scope and body and isinstance(body[0], ast.Expr):
-            if isinstance(getattr(body[0].value, "value", None), str):
-                n.body = body[1:] or [ast.Pass()]
-    return ast.unparse(node) + "\n"
-
-
-def _nearest(body: str) -> dict | None:
-    """The ledger's body nearest to ``body`` (a :func:`function_text`), and the diff to it."""
-    known = {fp: t.splitlines(True) for fp, t in json.loads(BODIES_FILE.read_text()).items()}
-    if not body or not known:
-        return None
-    lines = body.splitlines(keepends=True)
-    fp = max(known, key=lambda fp: difflib.SequenceMatcher(None, known[fp], lines).ratio())
-    entry = ledger.entries().get(fp)
-    label = entry.sources[0] if entry is not None else fp[:12]
-    diff = difflib.unified_diff(known[fp], lines, fromfile=f"known: {label}", tofile="installed")
-    return {"body": label, "form": entry.form if entry else None, "diff": "".join(diff)}
 
 
 def given_file(target: str, path: Path) -> TargetReport:

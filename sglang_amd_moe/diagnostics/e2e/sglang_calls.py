@@ -16,7 +16,7 @@ from typing import Any
 import torch._dynamo
 
 from sglang_amd_moe.diagnostics import patching
-from sglang_amd_moe.diagnostics.audit.plugins import function_from_source
+from sglang_amd_moe.diagnostics.topk_source import function_from_source
 from sglang_amd_moe.runtime.sglang import hook as sglang_hook
 from sglang_amd_moe.runtime.sglang.names import FUNCTION_NAME, TOPK_MODULE
 from sglang_amd_moe.runtime.sglang.probe import rebind

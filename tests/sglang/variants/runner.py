@@ -147,7 +147,7 @@ def drive(batch: driver.Batch, eplb: driver.Eplb) -> dict:
 def run_variant(
     v: Variant, base_text: str, moe_dir: Path, logs: driver.Collect, written: set[str]
 ) -> dict:
-    from sglang_amd_moe.diagnostics.audit import plugins
+    from sglang_amd_moe.diagnostics import topk_source
     from sglang_amd_moe.runtime.sglang import hook as sglang_hook
     from sglang_amd_moe.runtime.sglang import ledger
     from sglang_amd_moe.runtime.sglang import probe as sglang_probe
@@ -220,7 +220,7 @@ def run_variant(
     batch.fn = None
     out["hooked"] = drive(batch, eplb)
     out["our_layers_after"] = our_layers(tk._post_process_topk_ids)
-    seen = plugins.observe()  # what the audit asks: the call as it runs now
+    seen = topk_source.probe_live()  # what the audit asks: the call as it runs now
     if seen is not None:
         out["observe"] = {"correct": seen.correct, "behaviour": seen.behaviour}
     else:
@@ -231,11 +231,11 @@ def run_variant(
 
 def patch_checks(base_text: str, moe_dir: Path) -> list[dict]:
     """The audit's check of a patch before offering it, on this release: the shipped
-    patch for its form, applied to its topk.py, probed (``plugins.probe_source``);
+    patch for its form, applied to its topk.py, probed (``topk_source.probe_source``);
     and the same patch with its added lines naming a parameter the function does not
     have (it still applies; every HIP call would raise NameError)."""
     from sglang_amd_moe.diagnostics import patching
-    from sglang_amd_moe.diagnostics.audit.plugins import probe_source
+    from sglang_amd_moe.diagnostics.topk_source import probe_source
     from sglang_amd_moe.runtime.sglang import ledger
 
     form = ledger.read(base_text).form
