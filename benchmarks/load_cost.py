@@ -18,7 +18,9 @@ Cases:
 - ``bare``: nothing imported; ``register()`` called directly (is torch imported for it?);
 - ``topk-later``: the launcher's modules imported, ``load_plugins()``, then the time of
   topk's own import is what is measured (a body the plugin decides there is decided
-  then, as in a scheduler that imports the model).
+  then, as in a scheduler that imports the model); ``plugin_at_import_s`` is the time of
+  the plugin's own callbacks inside that import (topk's import alone is seconds, so the
+  difference of the two arms is noise).
 """
 
 from __future__ import annotations
@@ -53,8 +55,23 @@ def _collection(phase, info):  # time spent collecting inside the measured windo
     else:
         gc_s[0] += time.perf_counter() - gc_t[0]
         gc_full[0] += info["generation"] == 2
+at_import = [0.0]  # topk-later: the plugin's callbacks that run at topk's import
 if case == "topk-later":
     load_plugins()
+    try:
+        from sglang_amd_moe.runtime import target as _target
+    except ImportError:
+        _target = None
+    def _timed(cb):
+        def run(module):
+            t0 = time.perf_counter()
+            try:
+                cb(module)
+            finally:
+                at_import[0] += time.perf_counter() - t0
+        return run
+    for _name, _cbs in (_target._WATCHED.items() if _target else ()):
+        _cbs[:] = [_timed(cb) for cb in _cbs]
 gc.callbacks.append(_collection)
 t = time.perf_counter()
 if case == "bare" or load_plugins is None:
@@ -67,7 +84,7 @@ else:
     load_plugins()
 s = time.perf_counter() - t
 gc.callbacks.remove(_collection)
-print("COST", s, gc_s[0], gc_full[0], torch_before, "torch" in sys.modules,
+print("COST", s, gc_s[0], gc_full[0], at_import[0], torch_before, "torch" in sys.modules,
       "sglang.srt.layers.moe.topk" in sys.modules)
 """
 
@@ -75,13 +92,13 @@ print("COST", s, gc_s[0], gc_full[0], torch_before, "torch" in sys.modules,
 CASES = ("launcher", "scheduler", "topk-imported", "topk-later", "bare")
 
 
-def measure(case: str, on: bool) -> tuple[float, bool, bool, bool, float, int]:
+def measure(case: str, on: bool) -> tuple[float, bool, bool, bool, float, int, float]:
     # Bytecode cached, as an installed package has it (the first run writes it).
     drop = ("SGLANG_AMD_MOE_", "PYTHONDONTWRITEBYTECODE")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update(SGLANG_AMD_MOE_FORCE="1", SGLANG_PLUGINS="sglang_amd_moe" if on else "none")
     if case == "bare" and not on:
-        return 0.0, False, False, False, 0.0, 0
+        return 0.0, False, False, False, 0.0, 0, 0.0
     out = subprocess.run(
         [sys.executable, "-c", CHILD, case, "on" if on else "off"],
         env=env,
@@ -92,8 +109,9 @@ def measure(case: str, on: bool) -> tuple[float, bool, bool, bool, float, int]:
     line = [x for x in out.stdout.splitlines() if x.startswith("COST ")]
     if not line:
         raise RuntimeError(out.stderr.strip().splitlines()[-1])
-    _, s, gc_s, gc_full, before, after, topk = line[-1].split()
-    return float(s), before == "True", after == "True", topk == "True", float(gc_s), int(gc_full)
+    _, s, gc_s, gc_full, at_import, before, after, topk = line[-1].split()
+    flags = before == "True", after == "True", topk == "True"
+    return float(s), *flags, float(gc_s), int(gc_full), float(at_import)
 
 
 def table(path: str, commit: str) -> str:
@@ -117,6 +135,8 @@ def table(path: str, commit: str) -> str:
                 cells.append("does not import here")
                 continue
             cell = f"{r['share_s']:.3f} ({r['on_s']:.3f} vs {r['off_s']:.3f})"
+            if "plugin_at_import_s" in r:  # the difference is noise there: the plugin's part
+                cell = f"{r['plugin_at_import_s']:.3f} in the plugin (import {r['on_s']:.3f})"
             full = sum(r.get("on_full_collections", []))
             cells.append(cell + (f", {full} full collections" if full else ""))
         load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
@@ -155,6 +175,8 @@ def main(argv: list[str]) -> int:
             # full collection walks every object SGLang's imports made: 0.1-0.4 s).
             row[f"{key}_gc_s"] = round(statistics.median(r[4] for r in runs), 3)
             row[f"{key}_full_collections"] = [r[5] for r in runs]
+            if case == "topk-later" and on:  # the plugin's own part of topk's import
+                row["plugin_at_import_s"] = round(statistics.median(r[6] for r in runs), 3)
         row["load_after"] = round(os.getloadavg()[0], 2)
         if "error" not in row:
             row["share_s"] = round(row["on_s"] - row["off_s"], 3)
