@@ -137,8 +137,11 @@ def table(path: str, commit: str) -> str:
             cell = f"{r['share_s']:.3f} ({r['on_s']:.3f} vs {r['off_s']:.3f})"
             if "plugin_at_import_s" in r:  # the difference is noise there: the plugin's part
                 cell = f"{r['plugin_at_import_s']:.3f} in the plugin (import {r['on_s']:.3f})"
-            full = sum(r.get("on_full_collections", []))
-            cells.append(cell + (f", {full} full collections" if full else ""))
+            full = [sum(r.get(f"{k}_full_collections", [])) for k in ("on", "off")]
+            runs = len(r.get("on_full_collections", []))
+            if any(full):  # a full collection SGLang's imports made due ran in the window
+                cell += f"; full collections in {full[0]}/{runs} runs on, {full[1]}/{runs} off"
+            cells.append(cell)
         load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
         out.append(f"| {env} | " + " | ".join(cells) + f" | {load} |")
     return "\n".join(out)
