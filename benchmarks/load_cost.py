@@ -56,7 +56,7 @@ def _collection(phase, info):  # time spent collecting inside the measured windo
         gc_s[0] += time.perf_counter() - gc_t[0]
         gc_full[0] += info["generation"] == 2
 at_import = [0.0]  # topk-later: the plugin's callbacks that run at topk's import
-if case == "topk-later":
+if case == "topk-later" and load_plugins is not None:  # no loader: register() is timed
     load_plugins()
     try:
         from sglang_amd_moe.runtime import target as _target
