@@ -297,11 +297,25 @@ def test_inline_offsets_path(M: int, NE: int, K: int, n: int) -> None:
     _check(ids, w, M, NE, K, 32, None)
 
 
+def test_the_largest_count_table_summed_inline() -> None:
+    """A count table of exactly ``INLINE_OFFSETS_MAX_ELEMS`` values (64 chunks of 64 pairs
+    over 256 expert slots) is summed by the place kernel; one chunk more takes the
+    three-launch path. Both sort as the reference does."""
+    at, past = sort_plan(4096, 255, 1), sort_plan(4097, 255, 1)
+    assert at.inline_offsets and at.chunks * at.expert_slots == sort_mod.INLINE_OFFSETS_MAX_ELEMS
+    assert not past.inline_offsets and past.launches == 3
+    for M in (4096, 4097):
+        ids, w = _routing(M, 255, 1, M - 3, seed=M)
+        _check(ids, w, M, 255, 1, 32, _count(M - 3))
+
+
 def test_m_65536() -> None:
-    """The largest batch the issue names, with one pair per row to keep it cheap."""
+    """The largest batch the benchmarks run (65,536 rows), one pair per row over 1024
+    experts (the atomic path), three rows padded."""
     M = 65536
-    ids, w = _routing(M, 8, 1, M - 3, seed=10)
-    _check(ids, w, M, 8, 1, 32, _count(M - 3))
+    assert sort_plan(M, 1024, 1).atomic
+    ids, w = _routing(M, 1024, 1, M - 3, seed=10)
+    _check(ids, w, M, 1024, 1, 32, _count(M - 3))
 
 
 def test_inline_tile_follows_the_place_grid() -> None:
