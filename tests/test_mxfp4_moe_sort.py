@@ -310,8 +310,8 @@ def test_the_largest_count_table_summed_inline() -> None:
 
 
 def test_m_65536() -> None:
-    """The largest batch the benchmarks run (65,536 rows), one pair per row over 1024
-    experts (the atomic path), three rows padded."""
+    """65,536 rows (the largest batch tests/gpu sorts), one pair per row over 1024 experts
+    (the atomic path), three rows padded."""
     M = 65536
     assert sort_plan(M, 1024, 1).atomic
     ids, w = _routing(M, 1024, 1, M - 3, seed=10)
