@@ -33,9 +33,8 @@ def function_text(node: ast.AST | None) -> str:
     for n in ast.walk(node):
         body = getattr(n, "body", None)
         scope = isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-        if scope and body and isinstance(body[0], ast.Expr):
-            if isinstance(getattr(body[0].value, "value", None), str):
-                n.body = body[1:] or [ast.Pass()]
+        if scope and body and ledger.bare_string(body[0]):
+            n.body = body[1:] or [ast.Pass()]
     return ast.unparse(node) + "\n"
 
 

@@ -114,11 +114,12 @@ def _canon(node: Any) -> str:
         ]
         return f"({type(node).__name__} {' '.join(fields)})"
     if isinstance(node, list):
-        return "[" + " ".join(_canon(x) for x in node if not _bare_string(x)) + "]"
+        return "[" + " ".join(_canon(x) for x in node if not bare_string(x)) + "]"
     return repr(node)
 
 
-def _bare_string(node: Any) -> bool:
+def bare_string(node: Any) -> bool:
+    """A statement that is only a string (a docstring): no code."""
     return isinstance(node, ast.Expr) and isinstance(getattr(node.value, "value", None), str)
 
 
