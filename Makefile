@@ -17,7 +17,7 @@ COMPAT := .compat
 
 .PHONY: venv demo test ci-releases test-gpu compat bench bench-docs lint format clean gpu-wheels server-wheels server-docs amd-compile
 
-$(VENV)/.ready: pyproject.toml tools/compat/build_env.py Makefile
+$(VENV)/.ready: pyproject.toml setup.py tools/compat/build_env.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_PINS) packaging

@@ -13,4 +13,4 @@ Where things are (``docs/architecture.md`` draws it):
 - ``sglang_amd_moe.patches``: unified diffs for people who patch their images.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
