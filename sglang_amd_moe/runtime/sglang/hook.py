@@ -3,13 +3,16 @@
 With CUDA graphs a decode batch is padded to a captured size; rows at and past
 ``num_token_non_padded`` hold garbage router output, which aiter's MoE kernels cannot take.
 
-It decides once per process. The ledger reads topk.py's text: a body it knows as fixed needs
-nothing; any other is decided when topk is imported, so a process that never imports topk
-pays only the read. Then the probe runs the function on a CPU batch as a HIP process would,
-:func:`decide` (pure) picks the plan, and the plan is kept only if the probe of the hooked
-call comes out right; all the probing of one decision shares one time limit. Decided inside
-``load_plugins()``, the wrapper is an AROUND hook in SGLang's ``HookRegistry``; else it wraps
-the function itself. It acts only while the module's HIP flag is true. Where it remaps, it
+It decides once per process, and never runs upstream's code to do so. The ledger reads
+topk.py's text: a body it knows as fixed needs nothing; any other is decided when topk is
+imported, so a process that never imports topk pays only the read. A body the ledger knows
+gets the ledger's plan. Where behaviour must decide (a body the ledger does not know,
+``SGLANG_AMD_MOE_VERIFY=1``, topk imported before the plugin), a child process runs the
+function on a CPU batch as a HIP process would, and the hooked call of each plan it may take
+(:mod:`.verdict`, cached on disk); :func:`decide` (pure) picks the plan from what it saw, and
+the plan is kept only if its hooked call came out right. Decided inside ``load_plugins()``,
+the wrapper is an AROUND hook in SGLang's ``HookRegistry``; else it wraps the function
+itself. It acts only while the module's HIP flag is true. Where it remaps, it
 does so before upstream's body, so the routed-experts capturer sees physical ids (a fixed
 release: logical ones).
 """
@@ -34,9 +37,8 @@ from typing import Any
 from sglang_amd_moe.runtime import env as _env
 from sglang_amd_moe.runtime.sglang import ledger
 from sglang_amd_moe.runtime.sglang import registry_compat as registry
-from sglang_amd_moe.runtime.sglang.bounds import Deadline
+from sglang_amd_moe.runtime.sglang import verdict as _verdict
 from sglang_amd_moe.runtime.sglang.call import Call, LiveEnv, Plan, kernel_mask, run
-from sglang_amd_moe.runtime.sglang.call import wrap_for_probe as _checked
 from sglang_amd_moe.runtime.sglang.names import (
     ACTIONS,
     FUNCTION_NAME,
@@ -46,7 +48,7 @@ from sglang_amd_moe.runtime.sglang.names import (
     TARGET,
     TOPK_MODULE,
 )
-from sglang_amd_moe.runtime.sglang.probe import ProbeResult, probe
+from sglang_amd_moe.runtime.sglang.probe import ProbeResult
 from sglang_amd_moe.runtime.target import (
     MARK,
     Args,
@@ -166,7 +168,7 @@ class Preview:
 
 @dataclass
 class _Facts:
-    """One decision: what it read, the probes it ran (under one deadline), its notes."""
+    """One decision: what it read, the verdict it got (None: the ledger's), its notes."""
 
     head: str  # "sglang-amd-moe: sglang <version> _post_process_topk_ids"
     detail: dict[str, Any]  # HookStatus.detail
@@ -175,16 +177,9 @@ class _Facts:
     live: Any = None  # what the module binds now (wrappers included)
     upstream: Any = None  # under every wrapper
     inputs: Inputs | None = None
-    deadline: Deadline = field(default_factory=Deadline.start)
-    probes: list[ProbeResult] = field(default_factory=list)
+    verdict: _verdict.Verdict | None = None  # the child's (None: not asked)
     checked: ProbeResult | None = None  # the probe of the hooked call kept
     notes: list[str] = field(default_factory=list)
-
-    def probe(self, **kw: Any) -> ProbeResult:
-        r = self.reading
-        kw.update(hip_flags=r.hip_flags, predicates=r.predicates, deadline=self.deadline)
-        self.probes.append(probe(self.upstream, **kw))
-        return self.probes[-1]
 
     def status(self, state: str, action: str, form: str | None = None) -> HookStatus:
         form = form or self.reading.form
@@ -204,6 +199,40 @@ def _unknown_note(reading: ledger.Reading, where: str, shown: str = "") -> list[
     seen = f"; running it shows {shown}" if shown else ""
     fingerprint = f"sha256 {reading.fingerprint or '-'}: {reading.why}{seen}"
     return [f"unrecognised function in {where} line {reading.lineno}, {fingerprint}"]
+
+
+def _by_behaviour(r: ledger.Reading, strict: bool, verify: bool, before_plugin: bool) -> bool:
+    """Whether a child must run the function: a body the ledger does not know (unless
+    STRICT leaves it to upstream unrun), VERIFY, or topk imported before the plugin."""
+    if r.known is None:
+        return not strict
+    return verify or before_plugin
+
+
+def _request(facts: _Facts, where: str) -> dict[str, Any]:
+    """What the child is asked to run: where the running function lives (its text too,
+    when it is not its file's), the scans' names, and the ledger's plan."""
+    fn, r = facts.upstream, facts.reading
+    module = getattr(fn, "__module__", None) or TOPK_MODULE
+    home = sys.modules.get(module)
+    file = getattr(home, "__file__", None) or where
+    source = ""
+    try:
+        code_file = fn.__code__.co_filename
+        if not (Path(code_file).is_file() and Path(code_file).samefile(file)):
+            source = inspect.getsource(fn)  # a rewritten function (linecache has its text)
+    except (AttributeError, OSError, TypeError):
+        pass
+    return {
+        "module": module,
+        "qualname": getattr(fn, "__qualname__", FUNCTION_NAME),
+        "file": str(file or ""),
+        "source": source,
+        "hip_flags": list(r.hip_flags),
+        "predicates": list(r.predicates),
+        "remaps_on_hip": r.remaps_on_hip,
+        "ledger_plan": r.known.plan if r.known is not None else None,
+    }
 
 
 def topk_path() -> Path | None:
@@ -383,11 +412,16 @@ class SGLangHook(Target):
         if where and where != str(path):
             facts.detail["path"] = where
         params, remap, r = params_of(live), callable(getattr(mod, REMAP, None)), facts.reading
-        facts.deadline = Deadline.start()  # the probing starts here (after the import)
-        observed = None if strict and r.known is None else facts.probe()  # strict: not run
-        facts.inputs = Inputs(params, r.known, observed, r.remaps_on_hip, remap, verify, strict)
-        if observed is not None:
+        observed = None
+        if _by_behaviour(r, strict, verify, before_plugin=not self._at_import):
+            facts.verdict = _verdict.obtain(r.fingerprint, _request(facts, where))
+            facts.detail["verdict"] = facts.verdict.detail()
+            observed = facts.verdict.upstream
             facts.detail["probe"] = _probe_detail(observed)
+        else:
+            facts.detail["verdict"] = {"source": "ledger"}
+            facts.detail.setdefault("probe", {"ran": False, "why": "the ledger knows this body"})
+        facts.inputs = Inputs(params, r.known, observed, r.remaps_on_hip, remap, verify, strict)
         return facts
 
     def _notes(self, facts: _Facts) -> None:
@@ -401,14 +435,12 @@ class SGLangHook(Target):
                 f"{shown}" + ("" if facts.inputs.strict else ": following behaviour")
             )
         if obs is not None and not obs.usable:
-            notes.append(f"{obs.summary()}; decided from the ledger")
-        ran = [p for p in facts.probes if p.calls]
-        if ran:
-            ms = sum(p.seconds for p in ran) * 1e3
-            notes.append(f"probe: {sum(p.calls for p in ran)} upstream calls in {ms:.0f} ms")
-        effects = dict.fromkeys(e for p in facts.probes for e in p.side_effects)
-        if effects:
-            notes.append(f"the probe's code run changed: {', '.join(effects)}")
+            ledger_decides = reading.known is not None and not facts.verdict.upstream.ran
+            notes.append(obs.summary() + ("; decided from the ledger" if ledger_decides else ""))
+        if facts.verdict is not None:
+            notes.append(facts.verdict.describe())
+        elif reading.known is not None:
+            notes.append("verdict taken from the ledger (nothing run)")
         facts.notes = notes
 
     def _decide(self, import_now: bool) -> tuple[HookStatus, Call | None, _Facts | None]:
@@ -442,7 +474,10 @@ class SGLangHook(Target):
         tried = facts.detail["probe_hooked"] = []
         for candidate in (plan,) if facts.inputs.strict else alternatives(plan):
             call = dataclasses.replace(base, plan=candidate)
-            checked = facts.checked = facts.probe(wrap=_checked(call))
+            checked = facts.verdict.hooked(candidate) if facts.verdict is not None else None
+            if checked is None:
+                checked = ProbeResult(False, "the probe did not run this plan's hooked call")
+            facts.checked = checked
             tried.append(_probe_detail(checked))
             if checked.correct:
                 return call
@@ -504,7 +539,9 @@ class SGLangHook(Target):
         upstream = facts.inputs.observed if facts is not None else None
         if call is None:
             return Preview(st, upstream)
-        checked = facts.checked or facts.probe(wrap=_checked(call))
+        checked = facts.checked
+        if checked is None and facts.verdict is not None:
+            checked = facts.verdict.hooked(call.plan)
         st = dataclasses.replace(st, detail={**st.detail, "preview": True})
         return Preview(st, upstream, checked)
 

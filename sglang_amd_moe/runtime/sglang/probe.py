@@ -5,7 +5,10 @@ The function (and every module-level function of its module) is re-created over 
 its module's globals in which the platform says HIP, the EPLB predicate answers the
 scenario, the remap is a stand-in that rotates experts (a second remap shows), recorders
 are silent, the backend is not DeepEP and the fused shared-expert append is a torch copy of
-upstream's kernel; it runs under ``bounds.Bounded``.
+upstream's kernel.
+
+This runs upstream's code in the calling process: a server never calls it itself, it asks a
+child process (:mod:`sglang_amd_moe.runtime.sglang.child`), which does, and reads its answer.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import copy
 import dataclasses
 import importlib.util
 import inspect
-import sys
 import time
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -23,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_amd_moe.runtime.sglang import names
-from sglang_amd_moe.runtime.sglang.bounds import Bounded, Deadline, ProbeAbort
 
 # The batch: 8 rows of which 5 are real, top-4 of 16 experts. Padded rows hold what a
 # router can leave there: out of range both ways and -1, with NaN weights.
@@ -68,10 +69,8 @@ class ProbeResult:
     observations: tuple[Observation, ...] = ()
     upstream_remaps: bool = False  # upstream called the remap with the probe's info
     eplb_steered: bool = False  # the EPLB predicate was read (EPLB-on really was on)
-    touched_cuda: bool = False  # the code run reached torch.cuda (and was stopped)
     seconds: float = 0.0
     calls: int = 0  # calls of upstream's function
-    side_effects: tuple[str, ...] = ()  # what the run changed (put back), threads left
 
     def summary(self) -> str:
         if not self.ran:
@@ -95,6 +94,25 @@ class ProbeResult:
         """Padded weights come out 0 after a shared-expert append (None: not seen)."""
         o = self.scenario("shared-expert")
         return None if o is None or o.raised else o.pad_weights_zero
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ProbeResult:
+        """The result :meth:`to_json` wrote; raises (KeyError, TypeError, ValueError) on a
+        document of another shape."""
+        known = {f.name for f in dataclasses.fields(Observation)}
+        obs = tuple(
+            Observation(**{**{k: v for k, v in o.items() if k in known},
+                           "findings": tuple(o.get("findings", ()))})
+            for o in doc.get("observations", ())
+        )  # fmt: skip
+        fields = {f.name for f in dataclasses.fields(cls)} - {"observations", "findings"}
+        kw = {k: v for k, v in doc.items() if k in fields}
+        if not isinstance(kw.get("ran"), bool):
+            raise ValueError("a probe result without 'ran'")
+        return cls(**kw, findings=tuple(doc.get("findings", ())), observations=obs)
 
 
 @dataclass
@@ -283,16 +301,14 @@ def probe(
     hip_flags: Iterable[str] = (),
     predicates: Iterable[str] = (),
     wrap: Wrap | None = None,
-    deadline: Deadline | None = None,
 ) -> ProbeResult:
     """Run ``fn`` (upstream's function, unwrapped) as a HIP process would in every
     scenario and compare with a correct release. Never raises. ``hip_flags``,
     ``predicates``: as ``ledger.read`` found them; ``wrap(upstream, env)``: what to run
     instead, composed with upstream (a hook checking its plan)."""
     t0 = time.perf_counter()
-    deadline = deadline or Deadline.start()
     try:
-        return _probe(fn, namespace, tuple(hip_flags), tuple(predicates), wrap, t0, deadline)
+        return _probe(fn, namespace, tuple(hip_flags), tuple(predicates), wrap, t0)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a probe must never take its caller down
@@ -300,7 +316,7 @@ def probe(
         return ProbeResult(False, why, seconds=time.perf_counter() - t0)
 
 
-def _probe(fn, namespace, hip_flags, predicates, wrap, t0, deadline) -> ProbeResult:
+def _probe(fn, namespace, hip_flags, predicates, wrap, t0) -> ProbeResult:
     import torch
 
     if not isinstance(fn, types.FunctionType):
@@ -316,42 +332,24 @@ def _probe(fn, namespace, hip_flags, predicates, wrap, t0, deadline) -> ProbeRes
         return ProbeResult(False, f"the function has no parameter {', '.join(missing)}")
     if namespace.get("TopKConfig") is None:
         return ProbeResult(False, "the module has no TopKConfig")
-    home = sys.modules.get(namespace.get("__name__", ""))
-    watched = [v for v in namespace.values() if isinstance(v, types.ModuleType)]
     gen = torch.Generator().manual_seed(20261130)
     batch = (
         torch.randint(0, EXPERTS, (REAL, TOPK), generator=gen, dtype=torch.int32),
         torch.rand((REAL, TOPK), generator=gen, dtype=torch.float32),
     )
     observations: list[Observation] = []
-    calls = 0
-    with Bounded(deadline, [home, *watched] if home else watched) as bounds:
-        info = DispatchInfo(torch)
-        for scenario, eplb, with_info, shared in SCENARIOS:
-            record = _Record(eplb)
-            standins = _standins(torch, record, info, namespace)
-            g = _hip_namespace(namespace, standins, hip_flags, predicates, shared)
-            target = rebind(fn, g)
-            if wrap is not None:
-                pred, remap = standins[names.REMAP_PREDICATES[0]], standins[names.REMAP]
-                target = wrap(target, ProbeEnv(lambda: True, pred, remap))
-            calls += 1
-            args = (namespace, record, scenario, shared, batch, info if with_info else None)
-            observations.append(_run(torch, target, params, *args))
-    seconds = time.perf_counter() - t0
-    effects = (
-        *bounds.written,
-        *(f"torch's {k} (put back)" for k in bounds.restored),
-        *(f"thread {t} started and still running" for t in bounds.threads),
-    )
-    common = {"seconds": seconds, "calls": calls, "side_effects": effects}
-    took = f"after {calls} upstream calls in {seconds * 1e3:.0f} ms"
-    if bounds.why:
-        why = f"stopped {took}: {bounds.why}"
-        return ProbeResult(False, why, touched_cuda=bounds.reached_cuda, **common)
-    if bounds.kept:
-        why = f"the code run wrote what cannot be put back: {', '.join(bounds.kept)}"
-        return ProbeResult(False, why, **common)
+    info = DispatchInfo(torch)
+    for scenario, eplb, with_info, shared in SCENARIOS:
+        record = _Record(eplb)
+        standins = _standins(torch, record, info, namespace)
+        g = _hip_namespace(namespace, standins, hip_flags, predicates, shared)
+        target = rebind(fn, g)
+        if wrap is not None:
+            pred, remap = standins[names.REMAP_PREDICATES[0]], standins[names.REMAP]
+            target = wrap(target, ProbeEnv(lambda: True, pred, remap))
+        args = (namespace, record, scenario, shared, batch, info if with_info else None)
+        observations.append(_run(torch, target, params, *args))
+    common = {"seconds": time.perf_counter() - t0, "calls": len(observations)}
     return dataclasses.replace(_judge(observations), **common)
 
 
@@ -388,7 +386,7 @@ def _run(torch, target, params, namespace, record, scenario, shared, batch, info
             kwargs["topk_config"] = _config(namespace, shared)
         out = target(**kwargs)
         return _observe(torch, record, scenario, shared, batch, out[0], out[1])
-    except (KeyboardInterrupt, ProbeAbort):
+    except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - what upstream raised is an observation
         text = f"{type(exc).__name__}: {exc}"
