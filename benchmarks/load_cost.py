@@ -6,33 +6,51 @@ time ``load_plugins()`` with ``SGLANG_PLUGINS`` naming this plugin (on) or anoth
 only (off: SGLang discovers and skips it); the share is the difference of the medians.
 Where the release has no loader, on calls ``register()`` and off nothing.
 ``SGLANG_AMD_MOE_FORCE=1`` stands for a ROCm torch; a first, uncounted run writes the
-bytecode an installed package has.
+bytecode an installed package has (and, for a warm cache, the verdict).
 ``python benchmarks/load_cost.py table FILE COMMIT`` prints the markdown table of FILE's
 rows (JSON lines, each with ``release_env`` and ``commit`` added) measured at COMMIT.
+``python benchmarks/load_cost.py eight [N]``: N (8) schedulers start at once with a body
+the ledger does not know and an empty verdict cache; one JSON line (each process's time
+in the plugin at topk's import, where its verdict came from, how many probed).
 Cases:
 
 - ``launcher``: ``sglang.launch_server`` imported (torch imported, topk not);
 - ``scheduler``: ``sglang.srt.managers.scheduler`` imported (topk not yet: a scheduler
   imports it later, with the model);
-- ``topk-imported``: the launcher's modules and topk imported before the plugin loads;
+- ``topk-imported``: the launcher's modules and topk imported before the plugin loads (the
+  plugin asks a child process for the verdict: the cache is warm, the warm-up run wrote it);
 - ``bare``: nothing imported; ``register()`` called directly (is torch imported for it?);
 - ``topk-later``: the launcher's modules imported, ``load_plugins()``, then the time of
   topk's own import is what is measured (a body the plugin decides there is decided
   then, as in a scheduler that imports the model); ``plugin_at_import_s`` is the time of
   the plugin's own callbacks inside that import (topk's import alone is seconds, so the
-  difference of the two arms is noise).
+  difference of the two arms is noise, and the off arm is not run);
+- ``unknown-*``: the same with a topk.py the ledger does not know (the release's own with one
+  statement added to ``_post_process_topk_ids``, in a mirror of the installed ``sglang``
+  first on the path): ``unknown-launcher`` (the plugin defers the decision to topk's
+  import), ``unknown-later-cold`` (at topk's import the plugin runs the probe's child: an
+  empty cache each run), ``unknown-later-warm`` (the verdict is in the cache),
+  ``unknown-imported-cold`` and ``unknown-imported-warm`` (topk imported before the plugin).
+
+Every row with the plugin on records where its verdicts came from (``verdicts``: the
+``source`` of each run, ``child_s``: the child's time as the log line gives it).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 CHILD = r"""
-import importlib, sys, time
+import importlib, json, sys, time
 case = sys.argv[1]
 pre = {"launcher": ["sglang.launch_server"],
        "scheduler": ["sglang.srt.managers.scheduler"],
@@ -84,34 +102,144 @@ else:
     load_plugins()
 s = time.perf_counter() - t
 gc.callbacks.remove(_collection)
+verdict = {}
+hook = sys.modules.get("sglang_amd_moe.runtime.sglang.hook")
+status = hook.status() if hook is not None else None
+if status is not None:
+    verdict = dict(status.detail.get("verdict") or {}, state=status.state, form=status.form)
 print("COST", s, gc_s[0], gc_full[0], at_import[0], torch_before, "torch" in sys.modules,
-      "sglang.srt.layers.moe.topk" in sys.modules)
+      "sglang.srt.layers.moe.topk" in sys.modules, json.dumps(verdict).replace(" ", ""))
 """
 
 
-CASES = ("launcher", "scheduler", "topk-imported", "topk-later", "bare")
+#: case -> (what the process imports first, a body the ledger does not know, cache).
+CASES = {
+    "launcher": ("launcher", False, "warm"),
+    "scheduler": ("scheduler", False, "warm"),
+    "topk-imported": ("topk-imported", False, "warm"),
+    "topk-later": ("topk-later", False, "warm"),
+    "bare": ("bare", False, "warm"),
+    "unknown-launcher": ("launcher", True, "cold"),
+    "unknown-later-cold": ("topk-later", True, "cold"),
+    "unknown-later-warm": ("topk-later", True, "warm"),
+    "unknown-imported-cold": ("topk-imported", True, "cold"),
+    "unknown-imported-warm": ("topk-imported", True, "warm"),
+}
+DEFAULT_CASES = ("launcher", "topk-later", "unknown-later-cold", "unknown-later-warm")
+_WORK = Path(tempfile.gettempdir()) / f"sglang-amd-moe-load-cost-{os.getpid()}"
 
 
-def measure(case: str, on: bool) -> tuple[float, bool, bool, bool, float, int, float]:
+def _mirror(sglang_dir: Path, dest: Path) -> Path:
+    """A mirror of the installed ``sglang`` (symbolic links) whose topk.py is a real file:
+    first on the path, it is what the processes import and what the plugin reads."""
+    chain = ("srt", "layers", "moe")
+    out = dest / "sglang"
+    if out.exists():
+        shutil.rmtree(out)
+    for depth in range(len(chain) + 1):
+        here_src, here_out = sglang_dir.joinpath(*chain[:depth]), out.joinpath(*chain[:depth])
+        here_out.mkdir(parents=True, exist_ok=True)
+        for entry in here_src.iterdir():
+            if depth < len(chain) and entry.name == chain[depth]:
+                continue
+            if depth == len(chain) and entry.name == "topk.py":
+                shutil.copyfile(entry, here_out / entry.name)
+                continue
+            (here_out / entry.name).symlink_to(entry)
+    return out.joinpath(*chain, "topk.py")
+
+
+def unknown_body() -> Path:
+    """The mirror's directory; its topk.py is the release's with one statement added at the
+    top of ``_post_process_topk_ids`` (a body the ledger does not know, the same behaviour)."""
+    import importlib.util
+
+    dest = _WORK / "unknown"
+    if (dest / "sglang").exists():
+        return dest
+    spec = importlib.util.find_spec("sglang")
+    topk = _mirror(Path(spec.submodule_search_locations[0]), dest)
+    text = topk.read_text(encoding="utf-8")
+    tree = ast.parse(text)
+    fn = next(n for n in tree.body if getattr(n, "name", "") == "_post_process_topk_ids")
+    first = fn.body[0]
+    lines = text.splitlines(keepends=True)
+    indent = " " * first.col_offset
+    lines.insert(first.lineno - 1, f"{indent}_unknown_to_the_ledger = None\n")
+    topk.write_text("".join(lines), encoding="utf-8")
+    return dest
+
+
+def _env(case: str, on: bool, cache: Path | None) -> dict[str, str]:
     # Bytecode cached, as an installed package has it (the first run writes it).
     drop = ("SGLANG_AMD_MOE_", "PYTHONDONTWRITEBYTECODE")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update(SGLANG_AMD_MOE_FORCE="1", SGLANG_PLUGINS="sglang_amd_moe" if on else "none")
-    if case == "bare" and not on:
-        return 0.0, False, False, False, 0.0, 0, 0.0
+    if CASES[case][1]:
+        path = [str(unknown_body()), env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    if cache is not None:
+        env["SGLANG_AMD_MOE_CACHE_DIR"] = str(cache)
+    return env
+
+
+def _cache(case: str, run: int) -> Path:
+    """Warm: one directory for every run of the case (the warm-up run fills it); cold: a
+    new empty one per run."""
+    mode = CASES[case][2]
+    return _WORK / "cache" / (f"{case}-warm" if mode == "warm" else f"{case}-cold-{run}")
+
+
+def _parse(stdout: str, stderr: str) -> tuple:
+    line = [x for x in stdout.splitlines() if x.startswith("COST ")]
+    if not line:
+        raise RuntimeError((stderr.strip().splitlines() or ["no output"])[-1])
+    _, s, gc_s, gc_full, at_import, before, after, topk, verdict = line[-1].split()
+    flags = before == "True", after == "True", topk == "True"
+    return float(s), *flags, float(gc_s), int(gc_full), float(at_import), json.loads(verdict)
+
+
+def measure(case: str, on: bool, run: int = 0) -> tuple:
+    base = CASES[case][0]
+    if (base == "bare" or base == "topk-later") and not on:
+        return 0.0, False, False, False, 0.0, 0, 0.0, {}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, case, "on" if on else "off"],
-        env=env,
+        [sys.executable, "-c", CHILD, base, "on" if on else "off"],
+        env=_env(case, on, _cache(case, run)),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
-    line = [x for x in out.stdout.splitlines() if x.startswith("COST ")]
-    if not line:
-        raise RuntimeError(out.stderr.strip().splitlines()[-1])
-    _, s, gc_s, gc_full, at_import, before, after, topk = line[-1].split()
-    flags = before == "True", after == "True", topk == "True"
-    return float(s), *flags, float(gc_s), int(gc_full), float(at_import)
+    return _parse(out.stdout, out.stderr)
+
+
+def eight(n: int = 8) -> dict:
+    """``n`` processes of ``unknown-later-cold`` started at once, one empty cache."""
+    cache = _WORK / "cache" / f"eight-{time.time_ns()}"
+    env = _env("unknown-later-cold", True, cache)
+    row: dict = {"case": f"eight-unknown-later-cold-{n}", "load_before": _load()}
+    t0 = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, "topk-later", "on"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+    results = [_parse(*p.communicate(timeout=1800)) for p in procs]
+    row["wall_s"] = round(time.perf_counter() - t0, 2)
+    row["plugin_at_import_s"] = [round(r[6], 3) for r in results]
+    row["verdicts"] = [r[7] for r in results]
+    row["probes"] = sum(r[7].get("source") == "probed" for r in results)
+    row["load_after"] = _load()
+    return row
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
 
 
 def table(path: str, commit: str) -> str:
@@ -151,22 +279,35 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "table":
         print(table(argv[1], argv[2]))
         return 0
-    repeats = int(argv[0]) if argv else 3
-    cases = argv[1].split(",") if len(argv) > 1 else list(CASES)
     import importlib.metadata
 
     version = importlib.metadata.version("sglang")
+    try:
+        if argv and argv[0] == "eight":
+            row = eight(int(argv[1]) if len(argv) > 1 else 8)
+            print(json.dumps({"sglang": version, "cpus": os.cpu_count(), **row}), flush=True)
+            return 0
+        return _cases(argv, version)
+    finally:
+        shutil.rmtree(_WORK, ignore_errors=True)
+
+
+def _cases(argv: list[str], version: str) -> int:
+    repeats = int(argv[0]) if argv else 3
+    cases = argv[1].split(",") if len(argv) > 1 else list(DEFAULT_CASES)
     for case in cases:
         row: dict = {
             "sglang": version,
             "case": case,
             "repeats": repeats,
-            "load_before": round(os.getloadavg()[0], 2),
+            "load_before": _load(),
             "cpus": os.cpu_count(),
         }
         for on in (False, True):
-            try:
-                runs = [measure(case, on) for _ in range(repeats + 1)][1:]  # first: warm-up
+            if not on and CASES[case][0] in ("bare", "topk-later"):
+                continue  # nothing to time without the plugin (see the module docstring)
+            try:  # the first run: warm-up (bytecode, a warm cache's verdict), not counted
+                runs = [measure(case, on, i) for i in range(repeats + 1)][1:]
             except RuntimeError as exc:  # this release cannot import what the case needs
                 row["error"] = str(exc)
                 break
@@ -178,11 +319,16 @@ def main(argv: list[str]) -> int:
             # full collection walks every object SGLang's imports made: 0.1-0.4 s).
             row[f"{key}_gc_s"] = round(statistics.median(r[4] for r in runs), 3)
             row[f"{key}_full_collections"] = [r[5] for r in runs]
-            if case == "topk-later" and on:  # the plugin's own part of topk's import
+            if CASES[case][0] == "topk-later" and on:  # the plugin's part of topk's import
                 row["plugin_at_import_s"] = round(statistics.median(r[6] for r in runs), 3)
-        row["load_after"] = round(os.getloadavg()[0], 2)
-        if "error" not in row:
+                row["plugin_at_import_runs"] = [round(r[6], 3) for r in runs]
+            if on:
+                row["verdicts"] = [r[7] for r in runs]
+        row["load_after"] = _load()
+        if "error" not in row and "off_s" in row:
             row["share_s"] = round(row["on_s"] - row["off_s"], 3)
+        elif "error" not in row:
+            row["share_s"] = row.get("plugin_at_import_s", row["on_s"])
         print(json.dumps(row), flush=True)
     return 0
 

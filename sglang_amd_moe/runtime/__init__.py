@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Iterator
 
 
@@ -25,13 +26,33 @@ def collector_paused() -> Iterator[None]:
     would run SGLang's collection. Paused, they add one cheap pass (``gc.collect(0)``
     counts once towards the older generations, as one automatic pass would), and the full
     collection runs when the process's own allocations make it due, as without the plugin.
-    A process that turned the collector off keeps it off, and gets no pass.
+    A process that turned the collector off keeps it off, and gets no pass. A process
+    forked while the collector is paused gets it back as it was before the pause.
     """
     collecting = gc.isenabled()
+    if not _paused[0]:
+        _paused[1] = collecting  # the state a forked child gets back
+    _paused[0] += 1
     gc.disable()
     try:
         yield
     finally:
+        _paused[0] -= 1
         if collecting:
             gc.collect(0)
             gc.enable()
+
+
+# [pauses in progress, the collector was on before the first]. A child forked by another
+# thread while the plugin decides never leaves the pause: it gets the collector back here.
+_paused: list = [0, False]
+
+
+def _collector_back_in_child() -> None:
+    if _paused[0]:
+        _paused[0] = 0
+        if _paused[1]:
+            gc.enable()
+
+
+os.register_at_fork(after_in_child=_collector_back_in_child)
