@@ -11,7 +11,7 @@ import types
 import pytest
 
 from sglang_amd_moe.runtime import target
-from sglang_amd_moe.runtime.target import HookStatus, Target, find_marked, holds, mark
+from sglang_amd_moe.runtime.target import HookStatus, Target, find_marked, holds, logged, mark
 
 OPEN = (True, "test")
 
@@ -64,7 +64,7 @@ def test_install_is_idempotent_and_logs_one_line(mod, caplog) -> None:
         assert toy.install(OPEN) is st and toy.calls == 1
     assert st == HookStatus("toy", "live", "toy-form", "sglang-amd-moe: toy hooked")
     assert mod.f(3) == -3 and toy.is_live()
-    assert _lines(caplog) == [(logging.INFO, "sglang-amd-moe: toy hooked")]
+    assert _lines(caplog) == [(logging.INFO, logged("sglang-amd-moe: toy hooked"))]
     toy.uninstall()
     assert mod.f(3) == 3 and toy.status() is None and not toy.is_live()
 

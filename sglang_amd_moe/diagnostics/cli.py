@@ -18,8 +18,40 @@ SUBCOMMANDS = {  # name (its module under sglang_amd_moe.diagnostics) -> what it
 }
 
 
+#: Every ``SGLANG_AMD_MOE_*`` variable the package reads, as ``--help`` lists it (a test
+#: compares this with the code, the README and docs/reference.md).
+VARIABLES = {
+    "SGLANG_AMD_MOE_DISABLE=1": "the plugin hooks nothing",
+    "SGLANG_AMD_MOE_GUARD=0": "no guard at aiter's fused_moe entry (the other hooks stay)",
+    "SGLANG_AMD_MOE_FORCE=1": "hook even where torch is not a ROCm build",
+    "SGLANG_AMD_MOE_STRICT=1": "leave SGLang code the plugin does not know to upstream",
+    "SGLANG_AMD_MOE_VERIFY=1": "check padded rows after every hooked call (debugging)",
+    "SGLANG_AMD_MOE_DETERMINISTIC_SORT=1": "the MoE sort's deterministic path at every size",
+    "SGLANG_AMD_MOE_PLAIN_LAUNCH=1": "launch kernels through Triton's own path",
+}
+
+#: Where reports go when the wheel's metadata cannot be read (a source tree run directly).
+TRACKER = "https://github.com/sglang-amd-moe/sglang-amd-moe/issues"
+
+
+def tracker() -> str:
+    """The issue tracker named in the installed wheel's metadata (``Project-URL: Issues``)."""
+    try:
+        from importlib.metadata import metadata
+
+        for entry in metadata("sglang-amd-moe").get_all("Project-URL") or []:
+            label, _, url = entry.partition(",")
+            if label.strip().lower() == "issues" and url.strip():
+                return url.strip()
+    except Exception:  # no metadata (run from a source tree): the default below
+        pass
+    return TRACKER
+
+
 def usage() -> str:
     commands = "\n".join(f"  {name:<6} {help_}" for name, help_ in SUBCOMMANDS.items())
+    width = max(map(len, VARIABLES)) + 2
+    variables = "\n".join(f"  {k:<{width}}{v}" for k, v in VARIABLES.items())
     return f"""\
 usage: {PROG} [--version] [--help] {{{",".join(SUBCOMMANDS)}}} [options]
 
@@ -36,12 +68,14 @@ exit status:
   check, demo  0 every row with the plugin matches, 1 a row does not match,
                2 cannot run (no SGLang, torch or Triton in this interpreter, bad
                arguments)
-  every command: 2 for a usage error or a report that cannot be written, 130 on Ctrl-C
+  every command: 2 for a usage error, a report that cannot be written, or a failure
+               of the command itself (one line naming it); 130 on Ctrl-C
 
 environment (read by the plugin in the server, and by these commands):
-  SGLANG_AMD_MOE_FORCE=1    hook even where torch is not a ROCm build
-  SGLANG_AMD_MOE_DISABLE=1  the plugin hooks nothing
-  SGLANG_AMD_MOE_VERIFY=1   check padded rows after every hooked call (debugging)
+{variables}
+
+report a problem: {tracker()}
+(with `{PROG} --version` and `{PROG} audit --json`)
 """
 
 
@@ -82,6 +116,14 @@ def _why(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
+def _where(exc: BaseException) -> str:
+    """`` at FILE:LINE`` of the innermost frame of the traceback, for the report."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""
+
+
 def _stderr(text: str) -> None:
     try:
         print(text, file=sys.stderr)
@@ -120,6 +162,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError as exc:
         return _output_failed(name, _why(exc))
+    except SystemExit:  # argparse's own usage errors (2) and --help (0)
+        raise
+    except Exception as exc:
+        # A failure of the command itself, not a finding: one line, no traceback, and
+        # "could not run" (2), never 1, which means "something needs attention".
+        where = _where(exc)
+        _stderr(
+            f"{PROG} {name}: could not run: {type(exc).__name__}: {_why(exc)}{where} "
+            f"({PROG} {__version__}; please report it at {tracker()})"
+        )
+        return 2
     try:  # what a command printed and did not flush is part of its report
         if sys.stdout is not None:
             sys.stdout.flush()

@@ -22,9 +22,17 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_amd_moe import __version__ as _VERSION
 from sglang_amd_moe.runtime import collector_paused, env
 
 logger = logging.getLogger("sglang_amd_moe")
+
+
+def logged(message: str) -> str:
+    """A decision's log line: its message and this package's version, which a user quotes
+    in a report (the message itself, as the audit shows it, carries no version)."""
+    return f"{message} (sglang-amd-moe {_VERSION})"
+
 
 #: Attribute set on every wrapper this package installs: the wrapped original.
 MARK = "__sglang_amd_moe_original__"
@@ -146,7 +154,7 @@ class Target:
         if len(said) == 1 or said[0] != said[1]:
             if level is None:
                 level = logging.WARNING if status.state in ("refused", "error") else logging.INFO
-            logger.log(level, "%s", status.message, exc_info=exc_info)
+            logger.log(level, "%s", logged(status.message), exc_info=exc_info)
         return status
 
     def once(

@@ -21,6 +21,7 @@ from sglang_release_support import driver_env, releases, require_built
 
 from sglang_amd_moe.runtime import env, plugin
 from sglang_amd_moe.runtime.sglang import hook as sglang_hook
+from sglang_amd_moe.runtime.target import logged
 
 MAIN = releases.BY_LABEL[releases.MAIN_RELEASE]
 NOT_ROCM = "not ROCm (torch.version.hip is unset; SGLANG_AMD_MOE_FORCE=1 forces it)"
@@ -369,7 +370,7 @@ def test_threads_registering_at_once_wrap_once() -> None:
     assert r["layers"] == 1, f"{r['layers']} wrappers around _post_process_topk_ids"
     assert r["innermost"].endswith("sglang/srt/layers/moe/topk.py")
     assert len(r["lines"]) == 2, r["lines"]
-    assert r["lines"][0].endswith("when sglang.srt.layers.moe.topk is imported"), r["lines"]
+    assert r["lines"][0].endswith(logged("when sglang.srt.layers.moe.topk is imported")), r["lines"]
     assert "applied when sglang.srt.layers.moe.topk was imported" in r["lines"][1], r["lines"]
 
 
