@@ -25,6 +25,7 @@ exit status:
   1  something needs attention (each reason is printed; docs/audit.md lists them)
   2  the audit failed (a file it cannot read or that is not the target's, a failing
      load_plugins(), a report it cannot print); --json still prints one document
+  130 interrupted (Ctrl-C); --json still prints one document
 
 HOOK column: live / pending / not-needed / refused / error / not called (--load: the
 hook's state), on load (hooked when SGLang loads plugins), not ROCm (--load off ROCm),
@@ -78,13 +79,17 @@ def run(argv: list[str] | argparse.Namespace) -> tuple[int, list[TargetReport], 
     return (1 if render.attention(reports, view) else 0), reports, view
 
 
-def _error(message: str, as_json: bool, say: bool = True) -> int:
+def _error(message: str, as_json: bool, say: bool = True, exit_status: int = 2) -> int:
     with contextlib.suppress(Exception):
         if say:
-            print(f"sglang-amd-moe audit: error: {message}", file=sys.stderr)
+            print(f"sglang-amd-moe audit: error: {render.escape(message)}", file=sys.stderr)
         if as_json:
-            write_stdout(render.error_json(message))
-    return 2
+            write_stdout(render.error_json(message, exit_status))
+    return exit_status
+
+
+def _escaped(text: str) -> str:
+    return "".join(render.escape(ln) + "\n" for ln in text.splitlines())
 
 
 def main(argv: list[str]) -> int:
@@ -94,6 +99,14 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or bad usage (2, message on stderr)
         return 0 if exc.code in (0, None) else _error("bad usage (above)", as_json, say=False)
+    writing: list[bool] = []
+    try:
+        return _audit(args, as_json, writing)
+    except KeyboardInterrupt:  # Ctrl-C: one document for a --json reader, never a second
+        return _error("interrupted", as_json and not writing, exit_status=130)
+
+
+def _audit(args: argparse.Namespace, as_json: bool, writing: list[bool]) -> int:
     try:
         exit_status, reports, view = run(args)
         if args.json:
@@ -101,13 +114,15 @@ def main(argv: list[str]) -> int:
         else:
             text = render.render_table(reports, exit_status, view)
             if args.diff:
-                text += "".join(f"\n{d}" for d in map(render.function_diff, reports) if d)
+                diffs = (render.function_diff(r) for r in reports)
+                text += "".join(f"\n{_escaped(d)}" for d in diffs if d)
     except (SourceError, patching.PatchError) as exc:
         return _error(str(exc), as_json)
     except Exception:  # a bug of ours must not read as "needs attention" (1)
         traceback.print_exc()
         return _error("internal error (above)", as_json)
     try:
+        writing.append(True)
         write_stdout(text)
     except OutputError as exc:
         return _error(f"cannot write to stdout: {exc}", False)

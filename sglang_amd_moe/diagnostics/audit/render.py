@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
+import unicodedata
 from typing import Any
 
+from sglang_amd_moe import __version__
 from sglang_amd_moe.diagnostics import patching, sources
 from sglang_amd_moe.diagnostics.audit import coverage, plugins, read
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView
@@ -14,6 +17,19 @@ from sglang_amd_moe.runtime.sglang import names
 
 _DIFF_FUNCS = {read.SGLANG: (names.FUNCTION_NAME,)}
 _DIFF_FUNCS[read.AITER] = ("_adaptive_moe_sort", "_moe_sorting_impl")
+
+
+def escape(text: str) -> str:
+    """``text`` with its control and format characters (a path may hold any: an escape
+    sequence would drive the terminal, a newline would forge a line) written as Python
+    escapes; a tab stays."""
+    out = []
+    for ch in text:
+        if ch != "\t" and unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def function_diff(rep: TargetReport) -> str:
@@ -70,7 +86,8 @@ def _details(r: TargetReport, view: PluginView | None) -> list[str]:
         lines.append(f"{pad}patch: {r.patch_file} ({r.patch_status})")
     if r.apply_command:  # two lines, still one shell command when pasted
         args = patching.apply_args(str(r.file), str(r.patch))
-        lines.append(f"{pad}to patch the file instead:\n{pad}  patch --dry-run {args} &&")
+        lines.append(f"{pad}to patch the file instead:")
+        lines.append(f"{pad}  patch --dry-run {args} &&")
         lines.append(f"{pad}  patch {args}")
     lines.extend(f"{pad}note: {n}" for n in r.notes)
     if r.nearest is not None and r.nearest["diff"]:
@@ -80,6 +97,8 @@ def _details(r: TargetReport, view: PluginView | None) -> list[str]:
 
 
 def render_table(reports: list[TargetReport], exit_status: int, view: PluginView | None) -> str:
+    # The first line: which plugin audited which interpreter, what a user quotes in a report.
+    head = f"sglang-amd-moe {__version__} audit of {sys.executable}"
     rows = [("TARGET", "INSTALLED", "FORM", "HOOK", "PATCH", "PATCH STATUS")]
     for r in reports:
         form = r.form if r.installed else "-"
@@ -89,18 +108,21 @@ def render_table(reports: list[TargetReport], exit_status: int, view: PluginView
         rows.append(tuple(c or "-" for c in (*cells, r.patch_status)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(map(str.ljust, row, widths)).rstrip() for row in rows]
+    lines = [escape(head), "", *map(escape, lines)]
     lines.append("")
     for r in reports:
         if r.installed or r.needs_attention:
-            lines += _details(r, view)
+            lines += map(escape, _details(r, view))
     problems = view.problems if view is not None else []
-    lines.extend(f"!! environment: {p}" for p in problems)
-    lines.extend(f"note: {n}" for n in platform_notes(reports, view))
+    lines.extend(escape(f"!! environment: {p}") for p in problems)
+    lines.extend(escape(f"note: {n}") for n in platform_notes(reports, view))
     cov = next((r.coverage for r in reports if r.coverage), None)
     if cov and cov["unprotected"]:
         lines.append(
-            f"coverage: nothing masks the padded rows of {'; '.join(cov['unprotected'])} "
-            f"(no count reaches the hook there; the count-free guard: {cov['guard']})"
+            escape(
+                f"coverage: nothing masks the padded rows of {'; '.join(cov['unprotected'])} "
+                f"(the count-free guard: {cov['guard']})"
+            )
         )
     n = sum(r.needs_attention for r in reports)
     if exit_status == 0:
@@ -118,6 +140,8 @@ def render_json(
 ) -> str:
     doc: dict[str, Any] = {
         "exit_status": exit_status,
+        "plugin_version": __version__,
+        "python": sys.executable,
         "targets": [r.to_json() for r in reports],
         "problems": view.problems if view is not None else [],
         "attention": attention(reports, view),
@@ -128,7 +152,8 @@ def render_json(
     return json.dumps(doc, indent=2) + "\n"
 
 
-def error_json(message: str) -> str:
-    """The one JSON document of a run that failed (exit status 2)."""
-    doc = dict(exit_status=2, error=message, targets=[], problems=[], attention=[message], notes=[])
+def error_json(message: str, exit_status: int = 2) -> str:
+    """The one JSON document of a run that failed (exit status 2) or was interrupted (130)."""
+    doc = dict(exit_status=exit_status, error=message, targets=[], problems=[],
+               attention=[message], notes=[])  # fmt: skip
     return json.dumps(doc, indent=2) + "\n"
