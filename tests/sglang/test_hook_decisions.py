@@ -1,9 +1,9 @@
 """The SGLang hook's decision in-process, with the synthetic topk module standing in for
 SGLang's (its file as topk.py, the module as ``sglang.srt.layers.moe.topk`` once "imported"):
-a body not known as fixed is decided when topk is imported, the log line counts the probe's
-upstream calls, a probe cut by its time limit leaves the decision to the ledger (or to a
-refusal), ``SGLANG_AMD_MOE_STRICT=1`` leaves unknown code to upstream, and a forked child
-never inherits a held lock."""
+a body not known as fixed is decided when topk is imported, from the ledger when it knows
+the body (nothing run) and else from a child process's verdict; a child that runs out of
+time leaves the decision to the ledger (or to a refusal); ``SGLANG_AMD_MOE_STRICT=1``
+leaves unknown code to upstream, and a forked child never inherits a held lock."""
 
 from __future__ import annotations
 
@@ -25,16 +25,24 @@ from sglang_amd_moe.runtime.sglang.call import STANDARD_PLANS
 from sglang_amd_moe.runtime.sglang.names import TOPK_MODULE
 from sglang_amd_moe.runtime.target import MARK, watching
 
-SLEEP = "    elif _is_hip:\n        import time\n        time.sleep(5)\n"
+#: Module-level code that blocks the child process's import of the module (the child is the
+#: only process that runs with no GPU visible): the decision must not wait for it.
+BLOCKS_IN_CHILD = (
+    "import os as _os, time as _time\n"
+    "if (_os.environ.get('CUDA_VISIBLE_DEVICES'), _os.environ.get('HIP_VISIBLE_DEVICES')) == "
+    "('', ''):\n"
+    "    _time.sleep(600)\n"
+)
 
 
 @pytest.fixture
 def topk(tmp_path, monkeypatch):
     """``make(text, known=None, imported=True)``: the synthetic module as SGLang's topk,
     known to the ledger as ``known``; not in ``sys.modules`` unless ``imported``."""
-    for var in ("DISABLE", "VERIFY", "STRICT"):
+    for var in ("DISABLE", "VERIFY", "STRICT", "PROBE_TIMEOUT"):
         monkeypatch.delenv(f"SGLANG_AMD_MOE_{var}", raising=False)
     monkeypatch.setenv("SGLANG_AMD_MOE_FORCE", "1")
+    monkeypatch.setenv("SGLANG_AMD_MOE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delitem(sys.modules, TOPK_MODULE, raising=False)
     sglang_hook.uninstall()
 
@@ -78,7 +86,8 @@ def _padded_call(mod):
 
 
 def test_a_known_broken_body_is_decided_when_topk_is_imported(topk, monkeypatch) -> None:
-    """On main install() imported topk right away (here: SGLang's own, whatever form)."""
+    """On main install() imported topk right away (here: SGLang's own, whatever form); the
+    ledger's plan is applied at the import, and nothing of upstream's is run to get it."""
     mod = topk(syn.source("weights-only"), known="weights-only", imported=False)
     st = sglang_hook.install()
     assert st.state == "pending" and st.detail["deferred"]
@@ -89,31 +98,45 @@ def test_a_known_broken_body_is_decided_when_topk_is_imported(topk, monkeypatch)
     live = sglang_hook.status()
     assert live.state == "live" and not watching(TOPK_MODULE), live.message
     assert f"applied when {TOPK_MODULE} was imported" in live.message
-    assert "probe: 8 upstream calls in " in live.message  # upstream alone, then the plan
+    assert "verdict taken from the ledger (nothing run)" in live.message
+    assert live.detail["verdict"] == {"source": "ledger"}
     assert getattr(mod._post_process_topk_ids, MARK, None) is not None
     mod._is_hip, mod._is_cuda = True, False
     ids, w = _padded_call(mod)
     assert (ids[5:] == 0).all() and (w[5:] == 0).all()
 
 
-def test_a_probe_cut_by_its_time_limit_leaves_it_to_the_ledger(topk, monkeypatch) -> None:
-    mod = topk(syn.source("weights-only", SLEEP), known="weights-only", imported=False)
-    sglang_hook.install()
-    t0 = time.perf_counter()
-    _import(monkeypatch, mod)
-    assert time.perf_counter() - t0 < 4
-    st = sglang_hook.status()
-    assert st.state == "live" and st.detail["plan"]["remap"] == "add", st.message
-    assert "the time limit was hit; decided from the ledger" in st.message
-    assert "stopped after 1 upstream calls in" in st.message
-
-
-def test_an_unknown_body_cut_by_the_time_limit_is_refused(topk) -> None:
-    topk(syn.source("weights-only", SLEEP))
+def test_an_unknown_body_is_decided_by_the_childs_verdict(topk, monkeypatch) -> None:
+    mod = topk(syn.source("weights-only", syn.BODIES["weights-only"] + "        pass\n"))
     st = sglang_hook.install()
-    assert st.state == "refused" and "the time limit was hit" in st.message, st.message
+    assert st.state == "live" and st.detail["plan"]["remap"] == "add", st.message
+    assert "running it shows weights-only" in st.message
+    assert "verdict probed now in a child process (the child took " in st.message
+    assert st.detail["verdict"]["source"] == "probed" and st.detail["verdict"]["child_s"] > 0
+    mod._is_hip, mod._is_cuda = True, False
+    ids, w = _padded_call(mod)
+    assert (ids[5:] == 0).all() and (w[5:] == 0).all()
+
+
+def test_a_child_out_of_time_leaves_a_known_body_to_the_ledger(topk, monkeypatch) -> None:
+    """topk imported before the plugin: a child is asked; it never answers."""
+    monkeypatch.setenv("SGLANG_AMD_MOE_PROBE_TIMEOUT", "3")
+    topk(BLOCKS_IN_CHILD + syn.source("weights-only"), known="weights-only")
+    t0 = time.perf_counter()
+    st = sglang_hook.install()
+    assert time.perf_counter() - t0 < 30
+    assert st.state == "live" and st.detail["plan"]["remap"] == "add", st.message
+    assert "ran past its 3 s limit and was killed; decided from the ledger" in st.message
+
+
+def test_an_unknown_body_whose_child_runs_out_of_time_is_refused(topk, monkeypatch) -> None:
+    monkeypatch.setenv("SGLANG_AMD_MOE_PROBE_TIMEOUT", "3")
+    mod = topk(BLOCKS_IN_CHILD + syn.source("weights-only"))
+    original = mod._post_process_topk_ids
+    st = sglang_hook.install()
+    assert st.state == "refused" and "ran past its 3 s limit" in st.message, st.message
     assert "the ledger does not know this body" in st.message
-    assert not sglang_hook.is_live()
+    assert not sglang_hook.is_live() and mod._post_process_topk_ids is original
 
 
 def test_strict_leaves_an_unknown_body_to_upstream_without_importing(topk, monkeypatch) -> None:
