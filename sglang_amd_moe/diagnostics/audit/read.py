@@ -84,10 +84,12 @@ def build_report(
 ) -> TargetReport:
     nearest = None
     if target == SGLANG:
-        r = ledger.read(source)
+        r = ledger.read(source, modules=path)
         form, sha, why, actions = r.form, r.fingerprint, r.why, names.ACTIONS
         if form == "unknown":
             nearest = topk_source.nearest(topk_source.function_text(r.node))
+            newer = ledger.newer_than_ledger(version)  # words only
+            why += f"; {newer}" if newer else ""
     else:
         a = aiter_forms.analyze_source(source)
         form, sha, why, actions = a.form, a.source_sha256, a.reason, aiter_forms.ACTIONS

@@ -198,7 +198,9 @@ def _unknown_note(reading: ledger.Reading, where: str, shown: str = "") -> list[
         return []
     seen = f"; running it shows {shown}" if shown else ""
     fingerprint = f"sha256 {reading.fingerprint or '-'}: {reading.why}{seen}"
-    return [f"unrecognised function in {where} line {reading.lineno}, {fingerprint}"]
+    newer = ledger.newer_than_ledger()  # words only: the decision never reads a version
+    newer = f" ({newer})" if newer else ""
+    return [f"unrecognised function in {where} line {reading.lineno}{newer}, {fingerprint}"]
 
 
 def _by_behaviour(r: ledger.Reading, strict: bool, verify: bool, before_plugin: bool) -> bool:
@@ -264,7 +266,7 @@ def _running_reading(fn: Any, path: Path, text: str, file_reading: ledger.Readin
         return file_reading, where
     # Another file, or a rewritten source registered for inspect: linecache has both.
     module_text = text if where == str(path) else "".join(linecache.getlines(where)) or text
-    return ledger.read(module_text, "".join(lines), first), where
+    return ledger.read(module_text, "".join(lines), first, modules=path), where
 
 
 class SGLangHook(Target):
@@ -380,7 +382,7 @@ class SGLangHook(Target):
         if path is None:
             return facts.status("not-needed", f"{TOPK_MODULE} not found; nothing hooked", "absent")
         text = path.read_text(encoding="utf-8")
-        facts.reading = reading = ledger.read(text)
+        facts.reading = reading = ledger.read(text, modules=path)
         form = reading.form
         facts.detail["file"] = {"form": form, "sha256": reading.fingerprint, "why": reading.why}
         if not self._imported() and not import_now:
