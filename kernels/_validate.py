@@ -107,6 +107,22 @@ def check_count(name: str, count: object, device: torch.device) -> torch.Tensor 
     return count
 
 
+def check_stats(name: str, stats: object, device: torch.device) -> torch.Tensor | None:
+    """Counters a kernel adds to: ``None`` or a contiguous int64 tensor of at least 4
+    elements on ``device``."""
+    if stats is None:
+        return None
+    stats = check_tensor(name, stats)
+    if stats.dtype != torch.int64 or stats.numel() < 4 or not stats.is_contiguous():
+        raise TypeError(
+            f"{name} must be a contiguous int64 tensor of at least 4 elements, got "
+            f"{stats.dtype} {tuple(stats.shape)}"
+        )
+    if stats.device != device:
+        raise ValueError(f"{name} is on {stats.device} but the routing tensors are on {device}")
+    return stats
+
+
 def check_routing_2d(
     name: str, x: torch.Tensor, dtypes: tuple[torch.dtype, ...]
 ) -> tuple[int, int, int]:

@@ -37,8 +37,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validate import check_mask_call, check_mask_disjoint
-from .reference import mask_padded_rows_reference_
+from ._validate import check_mask_call, check_mask_disjoint, check_stats
+from .reference import (
+    STAT_CALLS,
+    STATS_SLOTS,
+    mask_padded_rows_reference_,
+    mask_stats_reference,
+)
 from .utils import (
     KernelLauncher,
     RowsProgram,
@@ -69,6 +74,7 @@ def _mask_padded_rows_kernel(
     ids_ptr,
     weights_ptr,
     count_ptr,
+    stats_ptr,
     num_rows,
     num_cols,
     stride_ids,
@@ -78,6 +84,7 @@ def _mask_padded_rows_kernel(
     BLOCK_K: tl.constexpr,
     CONTIGUOUS: tl.constexpr,
     INT64_OFFSETS: tl.constexpr,
+    STATS: tl.constexpr,
 ):
     """Each program reads the count ``n`` and writes ``fill_value`` / 0 into the
     elements of its tile that lie in padded rows (rows ``>= n``); nothing else.
@@ -88,6 +95,12 @@ def _mask_padded_rows_kernel(
     Otherwise program ``p`` covers rows ``[p * BLOCK_M, (p + 1) * BLOCK_M)``, each with
     its ``BLOCK_K >= num_cols`` columns, at each tensor's own row stride.
     ``INT64_OFFSETS``: the tensors have ``2**31`` elements or more.
+
+    ``STATS``: also add to the int64 counters at ``stats_ptr`` (see
+    ``reference.mask_stats_reference``): program 0 counts the call, and each program
+    the padded entries it changes (id not ``fill_value`` or weight not 0), one relaxed
+    atomic and only when not zero. On the contiguous path the tile is read before the
+    count is known (the loads do not wait for it), so counting adds no round trip.
     """
     if CONTIGUOUS:
         # Offsets are int32 unless the tensors are that large, and the stores are
@@ -101,7 +114,15 @@ def _mask_padded_rows_kernel(
             n = n.to(tl.int32)
             start = tl.program_id(0) * (BLOCK_M * BLOCK_K)
         offs = start + tl.arange(0, BLOCK_M * BLOCK_K)
+        if STATS:
+            inside = offs < num_rows * num_cols
+            old_ids = tl.load(ids_ptr + offs, mask=inside, other=0)
+            old_w = tl.load(weights_ptr + offs, mask=inside, other=0)
         mask = (offs >= n * num_cols) & (offs < num_rows * num_cols)
+        if STATS:
+            changed = mask & ((old_ids.to(tl.int64) != fill_value) | (old_w != 0))
+            n_changed = tl.sum(changed.to(tl.int32)).to(tl.int64)
+            tl.atomic_add(stats_ptr + 2, n_changed, mask=n_changed > 0, sem="relaxed")
         ids = tl.zeros([BLOCK_M * BLOCK_K], dtype=ids_ptr.dtype.element_ty) + fill_value
         tl.store(ids_ptr + offs, ids.to(ids_ptr.dtype.element_ty), mask=mask)
         zeros = tl.zeros([BLOCK_M * BLOCK_K], dtype=weights_ptr.dtype.element_ty)
@@ -116,6 +137,14 @@ def _mask_padded_rows_kernel(
             cols = tl.arange(0, BLOCK_K)
             mask = ((rows >= n) & (rows < num_rows))[:, None] & (cols < num_cols)[None, :]
             rows64 = rows.to(tl.int64)[:, None]
+            if STATS:
+                old_ids = tl.load(ids_ptr + rows64 * stride_ids + cols[None, :], mask=mask, other=0)
+                old_w = tl.load(
+                    weights_ptr + rows64 * stride_weights + cols[None, :], mask=mask, other=0
+                )
+                changed = mask & ((old_ids.to(tl.int64) != fill_value) | (old_w != 0))
+                n_changed = tl.sum(changed.to(tl.int32)).to(tl.int64)
+                tl.atomic_add(stats_ptr + 2, n_changed, mask=n_changed > 0, sem="relaxed")
             ids = tl.zeros([BLOCK_M, BLOCK_K], dtype=ids_ptr.dtype.element_ty) + fill_value
             tl.store(
                 ids_ptr + rows64 * stride_ids + cols[None, :],
@@ -124,6 +153,9 @@ def _mask_padded_rows_kernel(
             )
             zeros = tl.zeros([BLOCK_M, BLOCK_K], dtype=weights_ptr.dtype.element_ty)
             tl.store(weights_ptr + rows64 * stride_weights + cols[None, :], zeros, mask=mask)
+    if STATS:
+        one = tl.full([], 1, tl.int64)
+        tl.atomic_add(stats_ptr, one, mask=tl.program_id(0) == 0, sem="relaxed")
 
 
 def mask_launch_config(num_rows: int, num_cols: int, flat: bool = False) -> tuple[int, int, int]:
@@ -138,7 +170,7 @@ def mask_launch_config(num_rows: int, num_cols: int, flat: bool = False) -> tupl
 
 @functools.lru_cache(maxsize=4096)
 def mask_program(
-    num_rows: int, num_cols: int, contiguous: bool
+    num_rows: int, num_cols: int, contiguous: bool, stats: bool = False
 ) -> tuple[KernelLauncher, tuple[int]]:
     """The launcher (constants bound) and grid for one shape, built once and cached."""
     grid, block_m, block_k = mask_launch_config(num_rows, num_cols, contiguous)
@@ -148,6 +180,7 @@ def mask_program(
         BLOCK_K=block_k,
         CONTIGUOUS=contiguous,
         INT64_OFFSETS=num_rows * num_cols >= 2**31,
+        STATS=stats,
         num_warps=FLAT_NUM_WARPS if contiguous else ROWS_NUM_WARPS,
     ), (grid,)
 
@@ -161,22 +194,30 @@ def _launch_mask(
     num_cols: int,
     stride_ids: int,
     stride_weights: int,
+    stats: torch.Tensor | None = None,
 ) -> None:
     """The launch itself, on checked arguments (and their shape and row strides)."""
     if num_rows == 0 or num_cols == 0:
+        if stats is not None:  # the call counts; it changes nothing
+            stats[STAT_CALLS] += 1
         return
     device = topk_ids.device
     if triton_backend(device) == "torch-reference":
+        if stats is not None:
+            stats[:STATS_SLOTS] += mask_stats_reference(
+                topk_ids, topk_weights, num_token_non_padded, fill_value
+            )
         mask_padded_rows_reference_(topk_ids, topk_weights, num_token_non_padded, fill_value)
         return
     contiguous = stride_ids == num_cols and stride_weights == num_cols
-    kernel, grid = mask_program(num_rows, num_cols, contiguous)
+    kernel, grid = mask_program(num_rows, num_cols, contiguous, stats is not None)
     with device_guard(device):
         kernel(
             grid,
             topk_ids,
             topk_weights,
             num_token_non_padded,
+            num_token_non_padded if stats is None else stats,  # placeholder: never read
             num_rows,
             num_cols,
             stride_ids,
@@ -186,13 +227,14 @@ def _launch_mask(
 
 
 @torch.library.custom_op(
-    "sglang_amd_moe::mask_padded_rows", mutates_args=("topk_ids", "topk_weights")
+    "sglang_amd_moe::mask_padded_rows", mutates_args=("topk_ids", "topk_weights", "stats")
 )
 def _mask_padded_rows_op(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     num_token_non_padded: torch.Tensor,
     fill_value: int,
+    stats: torch.Tensor | None = None,
 ) -> None:
     # Under torch.compile the caller's checks ran on fake tensors, which have no memory:
     # check the overlap here, on the real ones.
@@ -200,7 +242,7 @@ def _mask_padded_rows_op(
     rows, cols = topk_ids.shape
     _launch_mask(
         topk_ids, topk_weights, num_token_non_padded, fill_value,
-        rows, cols, topk_ids.stride(0), topk_weights.stride(0),
+        rows, cols, topk_ids.stride(0), topk_weights.stride(0), stats,
     )  # fmt: skip
 
 
@@ -210,6 +252,7 @@ def _mask_padded_rows_fake(
     topk_weights: torch.Tensor,
     num_token_non_padded: torch.Tensor,
     fill_value: int,
+    stats: torch.Tensor | None = None,
 ) -> None:
     return None
 
@@ -272,6 +315,7 @@ def mask_padded_rows_(
     topk_weights: torch.Tensor,
     num_token_non_padded: torch.Tensor | None,
     fill_value: int = 0,
+    stats: torch.Tensor | None = None,
 ) -> None:
     """In place: rows ``r >= n`` get ``topk_ids[r, :] = fill_value``, ``topk_weights[r, :] = 0``.
 
@@ -281,6 +325,10 @@ def mask_padded_rows_(
     float32, bfloat16 or float16; both ``[rows, topk]`` with unit column stride (the
     row stride may differ, e.g. a column slice of a wider buffer). Bad inputs raise
     ``TypeError``/``ValueError`` before anything is launched or written.
+
+    ``stats``: counters the same launch adds to (a contiguous int64 tensor of at least 4
+    elements on the routing tensors' device, kept by the caller): the call, and the
+    entries of padded rows it changed (see ``reference.mask_stats_reference``).
     """
     key = program = None
     if num_token_non_padded is not None and direct_calls_allowed():
@@ -299,6 +347,10 @@ def mask_padded_rows_(
                 *topk_weights.stride(), topk_weights.dtype, topk_weights.get_device(),
                 topk_weights.is_cuda, count.numel(), count.dtype, count.get_device(),
                 count.is_cuda, type(fill_value), fill_value,
+                None if stats is None else (
+                    stats.numel(), stats.dtype, stats.get_device(), stats.is_cuda,
+                    stats.is_contiguous(),
+                ),
             )  # fmt: skip
             program = _DIRECT.get(key)
         except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
@@ -306,25 +358,31 @@ def mask_padded_rows_(
         if program is not None:
             entry = program.entry(rows)
             p_ids, p_w, p_count = topk_ids.data_ptr(), topk_weights.data_ptr(), count.data_ptr()
+            # The counters are only added to atomically: alignment is all a hit checks.
+            p_stats = p_count if stats is None else stats.data_ptr()
             if (
                 entry is not None
+                and not p_stats & 15
                 and program.clear(p_ids, p_w, p_count, rows)
                 and hip_buffers_small(topk_ids, topk_weights, count)
             ):
-                program.launch(entry, rows, p_ids, p_w, p_count)
+                program.launch(entry, rows, p_ids, p_w, p_count, p_stats)
                 return
     count, rows, cols, stride_ids, stride_w = check_mask_call(
         topk_ids, topk_weights, num_token_non_padded, fill_value
     )
     if count is None:
         return
+    stats = check_stats("stats", stats, topk_ids.device)
     if torch.compiler.is_compiling():
         # Traced by torch.compile: the custom op tells it both tensors are mutated.
-        _mask_padded_rows_op(topk_ids, topk_weights, count, int(fill_value))
+        _mask_padded_rows_op(topk_ids, topk_weights, count, int(fill_value), stats)
         return
     # Eagerly (prefill, and graph capture), skip the dispatcher: going through the
     # custom op costs ~30 us of host time per call, more than the launch itself.
-    args = (topk_ids, topk_weights, count, int(fill_value), rows, cols, stride_ids, stride_w)
+    args = (
+        topk_ids, topk_weights, count, int(fill_value), rows, cols, stride_ids, stride_w, stats
+    )  # fmt: skip
     if key is None:
         _launch_mask(*args)
         return
@@ -332,8 +390,9 @@ def mask_padded_rows_(
     # program: launch, and keep the launch in the program.
     with capture_launches() as launches:
         _launch_mask(*args)
-    direct = launch_and_take(launches, topk_ids.device, [topk_ids, topk_weights, count])
-    if direct is None or len(direct) != 1 or direct[0].slots != (0, 1, 2):
+    tensors = [topk_ids, topk_weights, count, count if stats is None else stats]
+    direct = launch_and_take(launches, topk_ids.device, tensors)
+    if direct is None or len(direct) != 1 or direct[0].slots not in ((0, 1, 2, 3), (0, 1, 2, 2)):
         return
     if program is None:
         index = topk_ids.device.index if topk_ids.device.index is not None else 0

@@ -66,6 +66,58 @@ def guard_routing_reference(
     return ids, weights
 
 
+# ------------------------------------------------------------------------------ counters
+# What the mask and the guard count, when handed a counter buffer (``stats``: int64, at
+# least STATS_SLOTS elements, on the routing tensors' device), one slot each:
+STAT_CALLS = 0  # calls (launches; graph replays included)
+STAT_OUT_OF_RANGE = 1  # entries changed because the id is outside [0, E) (guard only)
+STAT_PAST_COUNT = 2  # entries changed because the row is at or past the count
+STAT_REAL_OUT_OF_RANGE = 3  # of STAT_OUT_OF_RANGE: in rows a count marks as real
+STATS_SLOTS = 4
+
+
+def guard_stats_reference(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_experts: int,
+    num_local_tokens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """What one guard call adds to its counters: int64 ``[STATS_SLOTS]`` on the routing
+    tensors' device, computed there (no host synchronization).
+
+    An entry past the count is counted when the guard changes it (its id is not 0 or
+    its weight is not 0, NaN included); an entry not past the count when its id is out
+    of range (without a count, every row is such a row), and apart when a count marks
+    its row as real."""
+    in_range = (topk_ids >= 0) & (topk_ids < num_experts)
+    if num_local_tokens is None:
+        real = torch.ones_like(in_range)
+    else:
+        real = _real_row_mask(num_local_tokens, topk_ids.shape[0]).to(topk_ids.device)
+        real = real.expand_as(in_range)
+    out_of_range = (~in_range & real).sum()
+    changed_past = (~real & ((topk_ids != 0) | (topk_weights != 0))).sum()
+    real_bad = out_of_range if num_local_tokens is not None else torch.zeros_like(out_of_range)
+    return torch.stack([torch.ones_like(out_of_range), out_of_range, changed_past, real_bad]).to(
+        torch.int64
+    )
+
+
+def mask_stats_reference(
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_token_non_padded: torch.Tensor,
+    fill_value: int = 0,
+) -> torch.Tensor:
+    """What one mask call adds to its counters (see :func:`guard_stats_reference`): the
+    call, and the entries of padded rows whose id is not ``fill_value`` or whose weight is
+    not 0. The mask has no expert count, so it counts no id as out of range."""
+    padded = ~_real_row_mask(num_token_non_padded, topk_ids.shape[0]).to(topk_ids.device)
+    changed = (padded & ((topk_ids != fill_value) | (topk_weights != 0))).sum()
+    zero = torch.zeros_like(changed)
+    return torch.stack([torch.ones_like(changed), zero, changed, zero]).to(torch.int64)
+
+
 def mxfp4_moe_sort_reference(
     topk_ids: torch.Tensor,
     topk_weight: torch.Tensor,

@@ -48,8 +48,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validate import check_guard_call
-from .reference import guard_routing_reference
+from ._validate import check_guard_call, check_stats
+from .reference import (
+    STAT_CALLS,
+    STATS_SLOTS,
+    guard_routing_reference,
+    guard_stats_reference,
+)
 from .utils import (
     KernelLauncher,
     PairProgram,
@@ -90,6 +95,7 @@ def _guard_routing_kernel(
     count_ptr,
     out_ids_ptr,
     out_w_ptr,
+    stats_ptr,
     num_rows,
     num_cols,
     stride_ids_row,
@@ -102,6 +108,7 @@ def _guard_routing_kernel(
     FLAT: tl.constexpr,
     HAS_COUNT: tl.constexpr,
     INT64_OFFSETS: tl.constexpr,
+    STATS: tl.constexpr,
 ):
     """Each program copies its tile of ids and weights into the outputs, with expert 0
     and weight 0 where the entry is invalid (id outside ``[0, num_experts)``, or a row at
@@ -113,6 +120,11 @@ def _guard_routing_kernel(
     covers rows ``[p * BLOCK_M, (p + 1) * BLOCK_M)`` with their ``BLOCK_K >= num_cols``
     columns, read at each input's own strides. ``INT64_OFFSETS``: the tensors have
     ``2**31`` elements or more (flat path; the strided path always uses int64).
+
+    ``STATS``: also add to the int64 counters at ``stats_ptr`` (see
+    ``reference.guard_stats_reference``): program 0 counts the call; each program adds
+    the entries its tile changes, one relaxed atomic per counter and only when it is not
+    zero, so a tile with nothing to change costs no atomic.
     """
     if FLAT:
         if INT64_OFFSETS:
@@ -154,6 +166,19 @@ def _guard_routing_kernel(
         valid = valid & real
     tl.store(out_ids_ptr + out_offs, tl.where(valid, ids, tl.zeros_like(ids)), mask=inside)
     tl.store(out_w_ptr + out_offs, tl.where(valid, w, tl.zeros_like(w)), mask=inside)
+    if STATS:
+        out_of_range = inside & ((ids64 < 0) | (ids64 >= num_experts))
+        if HAS_COUNT:
+            out_of_range = out_of_range & real
+            past = inside & ~real & ((ids64 != 0) | (w != 0))
+            n_past = tl.sum(past.to(tl.int32)).to(tl.int64)
+            tl.atomic_add(stats_ptr + 2, n_past, mask=n_past > 0, sem="relaxed")
+        n_bad = tl.sum(out_of_range.to(tl.int32)).to(tl.int64)
+        tl.atomic_add(stats_ptr + 1, n_bad, mask=n_bad > 0, sem="relaxed")
+        if HAS_COUNT:
+            tl.atomic_add(stats_ptr + 3, n_bad, mask=n_bad > 0, sem="relaxed")
+        one = tl.full([], 1, tl.int64)
+        tl.atomic_add(stats_ptr, one, mask=tl.program_id(0) == 0, sem="relaxed")
 
 
 def guard_launch_config(num_rows: int, num_cols: int, flat: bool) -> tuple[int, int, int]:
@@ -163,7 +188,7 @@ def guard_launch_config(num_rows: int, num_cols: int, flat: bool) -> tuple[int, 
 
 @functools.lru_cache(maxsize=4096)
 def guard_program(
-    num_rows: int, num_cols: int, flat: bool, has_count: bool
+    num_rows: int, num_cols: int, flat: bool, has_count: bool, stats: bool = False
 ) -> tuple[KernelLauncher, tuple[int]]:
     """The launcher (constants bound) and grid for one shape, built once and cached."""
     grid, block_m, block_k = guard_launch_config(num_rows, num_cols, flat)
@@ -174,6 +199,7 @@ def guard_program(
         FLAT=flat,
         HAS_COUNT=has_count,
         INT64_OFFSETS=flat and num_rows * num_cols >= 2**31,
+        STATS=stats,
         num_warps=FLAT_NUM_WARPS if flat else ROWS_NUM_WARPS,
     ), (grid,)
 
@@ -183,19 +209,24 @@ def _launch_guard(
     topk_weights: torch.Tensor,
     num_experts: int,
     count: torch.Tensor | None,
+    stats: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The launch itself, on checked arguments: returns the two new tensors."""
     rows, cols = topk_ids.shape
     device = topk_ids.device
     if triton_backend(device) == "torch-reference":
+        if stats is not None:
+            stats[:STATS_SLOTS] += guard_stats_reference(topk_ids, topk_weights, num_experts, count)
         return guard_routing_reference(topk_ids, topk_weights, num_experts, count)
     out_ids = torch.empty((rows, cols), dtype=topk_ids.dtype, device=device)
     out_w = torch.empty((rows, cols), dtype=topk_weights.dtype, device=device)
     if rows == 0 or cols == 0:
+        if stats is not None:  # the call counts; it changes nothing
+            stats[STAT_CALLS] += 1
         return out_ids, out_w
     s_ids, s_w = topk_ids.stride(), topk_weights.stride()
     flat = topk_ids.is_contiguous() and topk_weights.is_contiguous()
-    kernel, grid = guard_program(rows, cols, flat, count is not None)
+    kernel, grid = guard_program(rows, cols, flat, count is not None, stats is not None)
     with device_guard(device):
         kernel(
             grid,
@@ -204,6 +235,7 @@ def _launch_guard(
             topk_ids if count is None else count,  # placeholder when absent: never read
             out_ids,
             out_w,
+            topk_ids if stats is None else stats,  # placeholder when absent: never read
             rows,
             cols,
             s_ids[0],
@@ -215,14 +247,15 @@ def _launch_guard(
     return out_ids, out_w
 
 
-@torch.library.custom_op("sglang_amd_moe::guard_routing", mutates_args=())
+@torch.library.custom_op("sglang_amd_moe::guard_routing", mutates_args=("stats",))
 def _guard_routing_op(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     num_experts: int,
     num_local_tokens: torch.Tensor | None,
+    stats: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch_guard(topk_ids, topk_weights, num_experts, num_local_tokens)
+    return _launch_guard(topk_ids, topk_weights, num_experts, num_local_tokens, stats)
 
 
 @_guard_routing_op.register_fake
@@ -231,6 +264,7 @@ def _guard_routing_fake(
     topk_weights: torch.Tensor,
     num_experts: int,
     num_local_tokens: torch.Tensor | None,
+    stats: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = topk_ids.shape
     return (
@@ -248,6 +282,7 @@ def guard_routing(
     topk_weights: torch.Tensor,
     num_experts: int,
     num_local_tokens: torch.Tensor | None = None,
+    stats: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """New ``(ids, weights)`` that aiter's MoE can take; the inputs are never written.
 
@@ -263,6 +298,12 @@ def guard_routing(
     :class:`~sglang_amd_moe.kernels.utils.PairProgram`). Bad inputs raise
     ``TypeError``/``ValueError`` before anything is launched. No host synchronization;
     capturable in a CUDA/HIP graph.
+
+    ``stats``: counters the same launch adds to (a contiguous int64 tensor of at least 4
+    elements on the routing tensors' device, kept by the caller: a captured graph adds
+    to it on every replay): the call, the entries changed because their id is out of
+    range, the entries of rows past the count it changed, and of the first, those in
+    rows the count marks as real (see ``reference.guard_stats_reference``).
     """
     key = program = None
     if direct_calls_allowed():
@@ -283,6 +324,10 @@ def guard_routing(
                 None if count is None else (
                     count.numel(), count.dtype, count.get_device(), count.is_cuda
                 ),
+                None if stats is None else (
+                    stats.numel(), stats.dtype, stats.get_device(), stats.is_cuda,
+                    stats.is_contiguous(),
+                ),
             )  # fmt: skip
             program = _DIRECT.get(key)
         except Exception:  # noqa: BLE001 - not tensors, or unhashable: the full path says why
@@ -290,33 +335,38 @@ def guard_routing(
         if program is not None:
             p_ids, p_w = topk_ids.data_ptr(), topk_weights.data_ptr()
             p_count = p_ids if count is None else count.data_ptr()  # placeholder: never read
+            p_stats = p_ids if stats is None else stats.data_ptr()  # likewise
             # The inputs are only read and the outputs are the program's own: alignment
             # is all that depends on the addresses.
-            if not (p_ids | p_w | p_count) & 15 and hip_buffers_small(topk_ids, topk_weights):
+            if not (p_ids | p_w | p_count | p_stats) & 15 and hip_buffers_small(
+                topk_ids, topk_weights
+            ):
                 entry = program.entry(rows)
                 if entry is not None:
-                    return program(entry, rows, p_ids, p_w, p_count)
+                    return program(entry, rows, p_ids, p_w, p_count, p_stats)
     count, num_experts = check_guard_call(topk_ids, topk_weights, num_experts, num_local_tokens)
+    stats = check_stats("stats", stats, topk_ids.device)
     if torch.compiler.is_compiling():
-        return _guard_routing_op(topk_ids, topk_weights, num_experts, count)
+        return _guard_routing_op(topk_ids, topk_weights, num_experts, count, stats)
     # Eagerly (and under graph capture), skip the dispatcher: it costs more host time
     # than the launch itself.
     if key is None:
-        return _launch_guard(topk_ids, topk_weights, num_experts, count)
+        return _launch_guard(topk_ids, topk_weights, num_experts, count, stats)
     # The first call of this signature, or of a row count whose tile is new to its
     # program: launch, and keep the launch in the program.
     with capture_launches() as launches:
-        out_ids, out_w = _launch_guard(topk_ids, topk_weights, num_experts, count)
+        out_ids, out_w = _launch_guard(topk_ids, topk_weights, num_experts, count, stats)
     placeholder = topk_ids if count is None else count
-    direct = launch_and_take(
-        launches, topk_ids.device, [topk_ids, topk_weights, placeholder, out_ids, out_w]
-    )
+    tensors = [topk_ids, topk_weights, placeholder, out_ids, out_w]
+    tensors.append(topk_ids if stats is None else stats)
+    direct = launch_and_take(launches, topk_ids.device, tensors)
     # The hit path passes the addresses in the kernel's order: ids, weights, count (or
-    # the ids' again), then the two outputs.
+    # the ids' again), the two outputs, then the counters (or the ids' again).
     if (
         direct is None
         or len(direct) != 1
-        or direct[0].slots not in ((0, 1, 2, 3, 4), (0, 1, 0, 3, 4))
+        or direct[0].slots
+        not in ((0, 1, 2, 3, 4, 5), (0, 1, 0, 3, 4, 5), (0, 1, 2, 3, 4, 0), (0, 1, 0, 3, 4, 0))
     ):
         return out_ids, out_w
     if program is None:

@@ -767,16 +767,24 @@ class PairProgram(RowsProgram):
         self.pools: dict[int, list] = {}
 
     def __call__(
-        self, entry: tuple[int, tuple], rows: int, p_ids: int, p_w: int, p_count: int
+        self, entry: tuple[int, tuple], rows: int, p_ids: int, p_w: int, p_count: int, p_stats: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         index = self.index
         if _current_device() != index:
             with torch.cuda.device(index):
-                return self._launch(entry, rows, _current_raw_stream(index), p_ids, p_w, p_count)
-        return self._launch(entry, rows, _current_raw_stream(index), p_ids, p_w, p_count)
+                stream = _current_raw_stream(index)
+                return self._launch(entry, rows, stream, p_ids, p_w, p_count, p_stats)
+        return self._launch(entry, rows, _current_raw_stream(index), p_ids, p_w, p_count, p_stats)
 
     def _launch(
-        self, entry: tuple[int, tuple], rows: int, stream: int, p_ids: int, p_w: int, p_count: int
+        self,
+        entry: tuple[int, tuple],
+        rows: int,
+        stream: int,
+        p_ids: int,
+        p_w: int,
+        p_count: int,
+        p_stats: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         pool = self.pools.get(stream)
         if pool is not None and pool[0] == rows and pool[1] and not _capturing():
@@ -789,7 +797,7 @@ class PairProgram(RowsProgram):
         grid, (run, function, packed, tail) = entry
         run(
             grid, 1, 1, stream, function, packed, None, None, None,
-            p_ids, p_w, p_count, p_out_ids, p_out_w, rows, *tail,
+            p_ids, p_w, p_count, p_out_ids, p_out_w, p_stats, rows, *tail,
         )  # fmt: skip
         return out_ids, out_w
 

@@ -461,9 +461,10 @@ def test_mask_second_call_launches_directly_with_integer_pointers(direct, monkey
     stream = STREAM if DEV == "cpu" else torch.cuda.current_stream().cuda_stream
     assert call[:4] == (grid, 1, 1, stream) and call[5:9] == ("packed", None, None, None)
     assert call[4].kernel is _mask_padded_rows_kernel
-    assert call[9:12] == (ids2.data_ptr(), w2.data_ptr(), count2.data_ptr())
-    assert call[12:17] == (40, 11, 11, 11, 0)  # rows, cols, row strides, fill value
-    assert call[17:19] == (block_m, block_k)
+    # ids, weights, count, then the counters' slot (the count again: no counters here)
+    assert call[9:13] == (ids2.data_ptr(), w2.data_ptr(), count2.data_ptr(), count2.data_ptr())
+    assert call[13:18] == (40, 11, 11, 11, 0)  # rows, cols, row strides, fill value
+    assert call[18:20] == (block_m, block_k)
 
 
 def _mask_bad_cases_refused_alike() -> None:
@@ -604,8 +605,8 @@ def test_guard_hits_hand_out_fresh_aligned_outputs(direct, rows, cols, id_dtype)
         for out, like in ((out_ids, ids), (out_w, w)):
             assert out.shape == (rows, cols) and out.dtype == like.dtype and out.is_contiguous()
             assert out.data_ptr() % 16 == 0
-        assert call[9:14] == (ids.data_ptr(), w.data_ptr(), ids.data_ptr(), out_ids.data_ptr(),
-                              out_w.data_ptr())  # fmt: skip
+        assert call[9:15] == (ids.data_ptr(), w.data_ptr(), ids.data_ptr(), out_ids.data_ptr(),
+                              out_w.data_ptr(), ids.data_ptr())  # fmt: skip
     assert _spans_disjoint([t for pair in outs for t in pair] + [ids, w])
 
 

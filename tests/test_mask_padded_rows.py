@@ -21,6 +21,7 @@ from kernel_helpers import (
     kernel_device,
 )
 from sglang_amd_moe.kernels import mask_padded_rows_, mask_padded_rows_reference_
+from sglang_amd_moe.kernels.reference import mask_stats_reference
 
 DEV = kernel_device()
 ID_DTYPES = [torch.int32, torch.int64]
@@ -50,9 +51,27 @@ def _count(n: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
 def _check(ids: torch.Tensor, w: torch.Tensor, count, fill_value: int = 0) -> None:
     ref_ids, ref_w = ids.clone(), w.clone()
     mask_padded_rows_reference_(ref_ids, ref_w, count, fill_value)
+    # The same call with counters, on copies: the same writes, and the counters of the
+    # torch reference and of a count from first principles (the call, the padded entries
+    # that change).
+    ids2, w2 = ids.clone(), w.clone()
+    if count is not None:
+        want_stats = mask_stats_reference(ids, w, count, fill_value).tolist()
+        n = min(max(int(count.item()), 0), ids.shape[0])
+        pad_ids, pad_w = ids[n:].to(torch.int64), w[n:]
+        changed = int(((pad_ids != fill_value) | (pad_w != 0)).sum())
+        assert want_stats == [1, 0, changed, 0]
     mask_padded_rows_(ids, w, count, fill_value)
     assert torch.equal(ids, ref_ids)
     assert torch.equal(bits(w), bits(ref_w))
+    stats = torch.zeros(8, dtype=torch.int64, device=DEV)
+    mask_padded_rows_(ids2, w2, count, fill_value, stats)
+    assert torch.equal(ids2, ref_ids)
+    assert torch.equal(bits(w2), bits(ref_w))
+    if count is not None:
+        assert stats.tolist() == [*want_stats, 0, 0, 0, 0]
+        mask_padded_rows_(ids2, w2, count, fill_value, stats)  # nothing left to change
+        assert stats.tolist() == [2, 0, want_stats[2], 0, 0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("K", [11, 16])
@@ -118,12 +137,15 @@ def test_wide_offsets_path_matches_reference(n: int) -> None:
     count = _count(n, torch.int64)
     mask_padded_rows_reference_(ref_ids, ref_w, count, 2)
     grid, block_m, block_k = mask_mod.mask_launch_config(M, K, flat=True)
+    want_stats = mask_stats_reference(ids, w, count, 2).tolist()
+    stats = torch.zeros(8, dtype=torch.int64, device=DEV)
     mask_mod._mask_padded_rows_kernel[(grid,)](
-        ids, w, count, M, K, K, K, 2,
-        BLOCK_M=block_m, BLOCK_K=block_k, CONTIGUOUS=True, INT64_OFFSETS=True,
+        ids, w, count, stats, M, K, K, K, 2,
+        BLOCK_M=block_m, BLOCK_K=block_k, CONTIGUOUS=True, INT64_OFFSETS=True, STATS=True,
     )  # fmt: skip
     assert torch.equal(ids, ref_ids)
     assert torch.equal(bits(w), bits(ref_w))
+    assert stats[:4].tolist() == want_stats
 
 
 def test_column_slice_with_row_stride() -> None:
@@ -324,3 +346,94 @@ def test_interleaved_rows_of_one_buffer() -> None:
     # The count inside a row of ids is refused (the mask writes that row).
     with pytest.raises(ValueError, match="overlap in memory"):
         mask_padded_rows_(ids, w, buf[2, 0, 3:4])
+
+
+# ----------------------------------------------- the hook's mask (runtime/sglang/call.py)
+def _upstream_mask(ids, w, count):
+    """What upstream's eager mask writes: rows where ``arange(M) >= count``."""
+    pad = torch.arange(ids.shape[0], device=ids.device) >= count.reshape(-1)[0]
+    ids, w = ids.clone(), w.clone()
+    ids[pad] = 0
+    w[pad] = 0
+    return ids, w
+
+
+@pytest.mark.parametrize(
+    "count",
+    [4.7, 4.0, -0.5, float("nan"), float("inf"), -float("inf"), 1e30, 3, -2, 99],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int16])
+def test_plain_torch_mask_decides_rows_as_upstream(count, dtype) -> None:
+    """``arange(M) >= count``, exactly: a count of 4.7 keeps row 4, NaN masks nothing."""
+    from sglang_amd_moe.runtime.sglang.call import mask_fallback_
+
+    exact = count == count and abs(count) < 2**15 and count == int(count)
+    if not dtype.is_floating_point and not exact:
+        pytest.skip("not an integer of this dtype")
+    ids, w = _inputs(9, 4, torch.int32, torch.float32, seed=5)
+    t = torch.tensor([count], dtype=dtype, device=DEV)
+    want_ids, want_w = _upstream_mask(ids, w, t)
+    stats = torch.zeros(8, dtype=torch.int64, device=DEV)
+    before_ids, before_w = ids.clone(), w.clone()
+    mask_fallback_(ids, w, t, stats=stats)
+    assert torch.equal(ids, want_ids) and torch.equal(bits(w), bits(want_w))
+    changed = int(((before_ids != ids) | (bits(before_w) != bits(w))).sum())
+    assert stats.tolist() == [1, 0, changed, 0, 0, 0, 0, 0]
+    if count == 4.7:
+        assert bool((ids[4] == before_ids[4]).all()) and bool((ids[5:] == 0).all())
+    if count != count:
+        assert torch.equal(ids, before_ids)
+
+
+def _hook_call(on_failure):
+    from sglang_amd_moe.runtime.sglang.call import STANDARD_PLANS, Call, kernel_mask
+    from sglang_amd_moe.runtime.target import Args
+
+    def upstream(topk_ids, topk_weights, num_token_non_padded=None):
+        return topk_ids, topk_weights
+
+    return Call(
+        STANDARD_PLANS["weights-only"], torch, Args(upstream), kernel_mask, (), (), on_failure
+    )
+
+
+def test_a_layout_the_kernel_does_not_take_goes_to_the_plain_mask_quietly() -> None:
+    """Columns that are not unit-stride (a view SGLang's own tests pass eagerly): the
+    plain-torch mask, no failure reported, the same rows masked, the counters added to."""
+    from sglang_amd_moe.runtime import stats
+    from sglang_amd_moe.runtime.sglang.call import _mask
+
+    stats.reset()
+    failures = []
+    call = _hook_call(lambda what, text: failures.append((what, text)))
+    buf_ids, buf_w = _inputs(11, 8, torch.int64, torch.float32, seed=6)
+    ids, w = buf_ids[:, ::2], buf_w.t().contiguous().t()[:, :4]  # strided columns
+    assert ids.stride(1) != 1 and w.stride(1) != 1
+    count = _count(6)
+    want_ids, want_w = _upstream_mask(ids, w, count)
+    changed = int(((ids[6:] != 0) | (w[6:] != 0)).sum())
+    for _ in range(3):
+        _mask(call, ids, w, count)
+    assert torch.equal(ids, want_ids) and torch.equal(bits(w), bits(want_w))
+    assert failures == []
+    assert stats.counts()["mask"] == {
+        "calls": 3, "out_of_range": 0, "past_count": changed, "real_out_of_range": 0
+    }  # fmt: skip
+    stats.reset()
+
+
+def test_the_hook_mask_counts_through_the_kernel() -> None:
+    from sglang_amd_moe.runtime import stats
+    from sglang_amd_moe.runtime.sglang.call import _mask
+
+    stats.reset()
+    call = _hook_call(lambda what, text: pytest.fail(text))
+    ids, w = _inputs(20, 9, torch.int32, torch.bfloat16, seed=7)
+    count = _count(13)
+    want = mask_stats_reference(ids, w, count).tolist()
+    _mask(call, ids, w, count)
+    _mask(call, ids, w, count)
+    assert stats.counts()["mask"] == {
+        "calls": 2, "out_of_range": 0, "past_count": want[2], "real_out_of_range": 0
+    }  # fmt: skip
+    stats.reset()

@@ -19,6 +19,7 @@ from sglang_amd_moe.kernels import (
     guard_routing_reference,
     mask_padded_rows_reference_,
 )
+from sglang_amd_moe.kernels.reference import guard_stats_reference
 from sglang_amd_moe.kernels.utils import capture_launches
 
 DEV = kernel_device()
@@ -93,6 +94,26 @@ def _check(ids: torch.Tensor, w: torch.Tensor, n: int | None, count_dtype=torch.
     assert got_ids.data_ptr() != ids.data_ptr() and got_w.data_ptr() != w.data_ptr()
     # Every id handed on is in range; weight 0 wherever the id was replaced.
     assert bool(((got_ids >= 0) & (got_ids < E)).all())
+    _check_counters(ids, w, n, count, got_ids, got_w)
+
+
+def _check_counters(ids, w, n, count, got_ids, got_w) -> None:
+    """The same call with counters: the same outputs, and counters equal to the torch
+    reference's and to a count from first principles (twice: they add up)."""
+    stats = torch.zeros(8, dtype=torch.int64, device=DEV)
+    for _ in range(2):
+        again_ids, again_w = guard_routing(ids, w, E, count, stats)
+        assert torch.equal(again_ids, got_ids) and torch.equal(bits(again_w), bits(got_w))
+    ref = guard_stats_reference(ids, w, E, count)
+    ids64 = ids.to(torch.int64)
+    bad = (ids64 < 0) | (ids64 >= E)
+    real = min(max(n, 0), ids.shape[0]) if n is not None else ids.shape[0]
+    rows = torch.arange(ids.shape[0], device=ids.device)[:, None] < real
+    changed_past = ~rows & ((ids64 != 0) | (w != 0))  # NaN != 0: changed
+    n_bad = int((bad & rows).sum())
+    want = [1, n_bad, int(changed_past.sum()), n_bad if n is not None else 0]
+    assert ref.tolist() == want
+    assert stats.tolist() == [2 * x for x in want] + [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("id_dtype", ID_DTYPES)
@@ -208,15 +229,17 @@ def test_wide_offsets_path_matches_reference(n: int | None) -> None:
     ids, w = _routing(M, K, torch.int64, torch.bfloat16, seed=4)
     count = None if n is None else _count(n, torch.int64)
     out_ids, out_w = torch.empty_like(ids), torch.empty_like(w)
+    stats = torch.zeros(8, dtype=torch.int64, device=DEV)
     grid, block_m, block_k = guard_mod.guard_launch_config(M, K, flat=True)
     guard_mod._guard_routing_kernel[(grid,)](
-        ids, w, ids if count is None else count, out_ids, out_w, M, K, K, 1, K, 1, E,
+        ids, w, ids if count is None else count, out_ids, out_w, stats, M, K, K, 1, K, 1, E,
         BLOCK_M=block_m, BLOCK_K=block_k, FLAT=True, HAS_COUNT=count is not None,
-        INT64_OFFSETS=True,
+        INT64_OFFSETS=True, STATS=True,
     )  # fmt: skip
     ref_ids, ref_w = guard_routing_reference(ids, w, E, count)
     assert torch.equal(out_ids, ref_ids)
     assert torch.equal(bits(out_w), bits(ref_w))
+    assert stats[:4].tolist() == guard_stats_reference(ids, w, E, count).tolist()
 
 
 def test_empty_tensors() -> None:

@@ -44,6 +44,12 @@ def guard_off() -> bool:
     return os.environ.get(PREFIX + "GUARD", "").strip().lower() in {"0", "false", "no", "off"}
 
 
+def stats_on() -> bool:
+    """Not ``SGLANG_AMD_MOE_STATS=0`` (0/false/no/off): the guard and the mask count what they
+    change, on the device (see ``runtime.stats``)."""
+    return os.environ.get(PREFIX + "STATS", "").strip().lower() not in {"0", "false", "no", "off"}
+
+
 def verify() -> bool:
     """``SGLANG_AMD_MOE_VERIFY=1``: check padded rows after every hooked call (a host sync)."""
     return flag("VERIFY")

@@ -40,6 +40,16 @@ class Spy:
         return (None,) * 4 + (torch.zeros(topk_ids.shape[0], model_dim),)
 
 
+@pytest.fixture(autouse=True)
+def fresh_counters():
+    """Counters and their lines start from nothing in each test."""
+    from sglang_amd_moe.runtime import stats
+
+    stats.reset()
+    yield
+    stats.reset()
+
+
 @pytest.fixture
 def guarded(load_aiter, monkeypatch):
     """The count-dropped stand-in with the guard (only) live; returns (module, spy)."""
@@ -191,7 +201,6 @@ def test_without_fused_moe_impl_fused_moe_is_guarded(load_aiter, monkeypatch) ->
     ("change", "kind"),
     [
         ({"ids": lambda i: i.float()}, "topk_ids is float32 (16, 4) on cpu, not int32"),
-        ({"ids": lambda i: i.to(torch.int16)}, "topk_ids is int16"),
         ({"ids": lambda i: i.reshape(-1)}, "not [rows, topk]"),
         ({"weights": lambda w: w[:, :2]}, "topk_weight is float32 (16, 2) on cpu"),
         ({"mask": lambda _: torch.ones(E + 1, device="meta")}, "expert_mask is float32 (9,) on"),
@@ -244,6 +253,83 @@ def test_a_failing_kernel_hands_aiter_the_plain_torch_guard(
     lines = [r.getMessage() for r in caplog.records if r.name == "sglang_amd_moe"]
     assert len(lines) == 1 and "the plain-torch guard ran" in lines[0], lines
     assert ("RuntimeError" if count_dtype == torch.int32 else "TypeError") in lines[0]
+
+
+@pytest.mark.parametrize("id_dtype", [torch.int16, torch.int8])
+def test_narrow_integer_ids_take_the_plain_torch_guard(guarded, id_dtype) -> None:
+    """Ids of an integer dtype the kernel does not take never reach aiter out of range:
+    the plain-torch guard hands aiter's sort the same guarded routing, and counts it."""
+    from sglang_amd_moe.runtime import stats
+
+    fm, spy = guarded
+    ids, weights = garbage_routing(torch.int32, torch.float32)
+    ids = ids.clamp(-100, 100).to(id_dtype)  # -1, E, E + 3 and +-100 out of range
+    call(fm, ids, weights, count=torch.tensor([9], dtype=torch.int32))
+    (got,) = spy.calls
+    assert got["ids"].dtype == id_dtype
+    assert_guarded(got["ids"], got["weights"], ids, weights, E, 9)
+    n_bad = int(((ids[:9] < 0) | (ids[:9] >= E)).sum())
+    in_range = (ids >= 0) & (ids < E)
+    n_past = int((((ids[9:] != 0) & in_range[9:]) | ~in_range[9:] | (weights[9:] != 0)).sum())
+    assert stats.counts()["guard"] == {
+        "calls": 1, "out_of_range": n_bad, "past_count": n_past, "real_out_of_range": n_bad
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "count",
+    [torch.tensor([], dtype=torch.int32), torch.tensor([5.0]), torch.tensor([True]), 5],
+    ids=["empty", "float", "bool", "int"],
+)
+def test_an_unusable_count_still_guards_ids_out_of_range(guarded, caplog, count) -> None:
+    """A count the guard cannot read is left out (logged once); the ids out of range still
+    reach aiter as expert 0, weight 0, and aiter gets the count as passed."""
+    fm, spy = guarded
+    ids, weights = garbage_routing(torch.int32, torch.float32)
+    with caplog.at_level(logging.WARNING, logger="sglang_amd_moe"):
+        for _ in range(2):
+            call(fm, ids, weights, count=count)
+    for got in spy.calls:
+        assert got["count"] is count
+        assert_guarded(got["ids"], got["weights"], ids, weights, E, None)
+    lines = [r.getMessage() for r in caplog.records if r.name == "sglang_amd_moe"]
+    assert len(lines) == 1 and "not a count" in lines[0] and "still guarded" in lines[0], lines
+
+
+def test_the_guard_counts_what_it_changes(guarded) -> None:
+    """The counters (on the routing's device, added to inside the launch) say how many
+    calls ran and how many entries changed, by reason; they match the torch reference."""
+    from sglang_amd_moe.kernels.reference import guard_stats_reference
+
+    from sglang_amd_moe.runtime import stats
+
+    fm, _ = guarded
+    ids, weights = garbage_routing(torch.int64, torch.bfloat16)
+    count = torch.tensor([11], dtype=torch.int32)
+    expected = guard_stats_reference(ids, weights, E, None) + 2 * guard_stats_reference(
+        ids, weights, E, count
+    )
+    call(fm, ids, weights)
+    for _ in range(2):
+        call(fm, ids, weights, count=count)
+    got = stats.counts()["guard"]
+    assert [got[k] for k in stats.SLOTS] == expected.tolist()
+    assert got["calls"] == 3 and got["out_of_range"] > 0 and got["past_count"] > 0
+    assert stats.line("guard", got).startswith("sglang-amd-moe stats: target=guard calls=3 ")
+
+
+def test_counters_off_by_their_switch(guarded, monkeypatch) -> None:
+    from sglang_amd_moe.runtime import stats
+
+    monkeypatch.setenv("SGLANG_AMD_MOE_STATS", "0")
+    stats.reset()
+    fm, spy = guarded
+    ids, weights = garbage_routing(torch.int32, torch.float32)
+    call(fm, ids, weights)
+    assert_guarded(spy.calls[0]["ids"], spy.calls[0]["weights"], ids, weights, E)
+    assert stats.counts() == {} and stats.buffer("guard", ids.device) is None
+    monkeypatch.delenv("SGLANG_AMD_MOE_STATS")
+    stats.reset()
 
 
 def test_torch_compile_sees_the_guard(guarded) -> None:

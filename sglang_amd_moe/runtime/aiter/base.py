@@ -36,16 +36,31 @@ def our_kernels(needed: tuple[str, ...]) -> tuple[Any | None, str]:
     return (None, f"sglang_amd_moe.kernels lacks {', '.join(missing)}") if missing else (module, "")
 
 
-def plain_guard(ids: Any, weights: Any, num_experts: int, count: Any) -> tuple[Any, Any]:
+def plain_guard(
+    ids: Any, weights: Any, num_experts: int, count: Any, stats: Any = None
+) -> tuple[Any, Any]:
     """New ``(ids, weights)``: expert 0 and weight 0 where the id is outside ``[0,
     num_experts)`` or the row is at or past ``count[0]``. Plain torch, no host sync
-    (capturable): a call our kernel fails still never hands aiter what the plugin stops."""
+    (capturable): a call our kernel fails still never hands aiter what the plugin stops.
+    ``stats``: the guard's counters, added to as the kernel adds to them."""
     import torch
 
-    valid = (ids >= 0) & (ids < num_experts)
+    in_range = (ids >= 0) & (ids < num_experts)
+    valid = in_range
+    real = None
     if count is not None:
         n = count.reshape(-1)[:1].to(device=ids.device, dtype=torch.int64)
-        valid &= torch.arange(ids.shape[0], device=ids.device).unsqueeze(1) < n
+        real = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1) < n
+        valid = in_range & real
+    if stats is not None:
+        real_all = torch.ones_like(in_range) if real is None else real.expand_as(in_range)
+        bad = (~in_range & real_all).sum().to(stats.device)
+        stats[0] += 1
+        stats[1] += bad
+        if real is not None:
+            past = ~real_all & ((ids != 0) | (weights != 0))
+            stats[2] += past.sum().to(stats.device)
+            stats[3] += bad
     return torch.where(valid, ids, 0), torch.where(valid, weights, 0)
 
 

@@ -11,8 +11,14 @@ sink slot passes. aiter gets new tensors.
 The guard wraps ``_fused_moe_impl``, which every call of aiter's MoE body reaches once
 (eager, CUDA-graph capture and ``torch.compile`` through the ``fused_moe_`` custom op, direct
 op calls); wrapping ``fused_moe`` too would guard twice, and its shared-expert path numbers
-experts past ``w1``'s. Without ``_fused_moe_impl``, ``fused_moe`` is wrapped. Bad input goes
-to aiter untouched (one WARNING per kind): aiter raises its own error.
+experts past ``w1``'s. Without ``_fused_moe_impl``, ``fused_moe`` is wrapped.
+
+Input the kernel does not take is still guarded where it can be: ids of another integer
+dtype (int16, int8, ...) go through the plain-torch guard, and a count that cannot be read
+(empty, not an integer tensor) is left out of the guard (ids out of range still become
+expert 0, weight 0; aiter gets the count as passed). Other bad input goes to aiter
+untouched (one WARNING per kind): aiter raises its own error. Each call adds to the
+guard's counters (``runtime.stats``) inside its launch.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import functools
 import types
 from typing import Any
 
-from sglang_amd_moe.runtime import env
+from sglang_amd_moe.runtime import env, stats
 from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, our_kernels, plain_guard
 from sglang_amd_moe.runtime.aiter.forms import GUARD_ENTRIES, guard_entry_problem
 from sglang_amd_moe.runtime.target import Args, Gate, HookStatus, find_marked, mark, params_of
@@ -38,11 +44,39 @@ def _seen(x: Any) -> str:
     return type(x).__name__
 
 
-def bad_input(ids: Any, weights: Any, mask: Any, w1: Any, count: Any) -> tuple[str, str]:
-    """(what, why) of a call the guard leaves to aiter untouched; ("", "") for a good one."""
+def other_int_ids(ids: Any) -> bool:
+    """Ids of an integer dtype the kernel does not take (int16, int8, uint8, ...): the
+    plain-torch guard takes them."""
     import torch
 
-    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
+    return (
+        isinstance(ids, torch.Tensor)
+        and ids.dtype not in (torch.int32, torch.int64, torch.bool)
+        and not ids.dtype.is_floating_point
+        and not ids.dtype.is_complex
+    )
+
+
+def usable_count(count: Any) -> bool:
+    """A count the guard can read: None, or a non-empty integer tensor."""
+    import torch
+
+    return count is None or (
+        isinstance(count, torch.Tensor)
+        and count.numel() > 0
+        and not count.dtype.is_floating_point
+        and not count.dtype.is_complex
+        and count.dtype != torch.bool
+    )
+
+
+def bad_input(ids: Any, weights: Any, mask: Any, w1: Any, count: Any) -> tuple[str, str]:
+    """(what, why) of a call the guard leaves to aiter untouched; ("", "") for a good one,
+    or ("num_local_tokens", why) for one the guard takes without its count."""
+    import torch
+
+    int_ids = isinstance(ids, torch.Tensor) and ids.dtype in (torch.int32, torch.int64)
+    if not int_ids and not other_int_ids(ids):
         return "topk_ids", f"topk_ids is {_seen(ids)}, not int32/int64"
     if ids.dim() != 2:
         return "topk_ids", f"topk_ids is {_seen(ids)}, not [rows, topk]"
@@ -54,7 +88,7 @@ def bad_input(ids: Any, weights: Any, mask: Any, w1: Any, count: Any) -> tuple[s
     has_w1 = isinstance(w1, torch.Tensor) and w1.dim() > 0
     if (mask.numel() if mask is not None else w1.shape[0] if has_w1 else 0) < 1:
         return "experts", f"no experts to count (expert_mask {_seen(mask)}, w1 {_seen(w1)})"
-    if count is not None and not (isinstance(count, torch.Tensor) and count.numel()):
+    if not usable_count(count):
         return "num_local_tokens", f"num_local_tokens is {_seen(count)}, not a count"
     return "", ""
 
@@ -99,18 +133,31 @@ def _guard_wrapper(entry: Any, guard_routing: Any, hook: GuardHook) -> Any:
     def guarded(*args: Any, **kwargs: Any) -> Any:
         w1, weights, ids, mask, count = (read.get(n, args, kwargs) for n in _READ)
         what, why = bad_input(ids, weights, mask, w1, count)
-        if what:
+        if what == "num_local_tokens":
+            text = (
+                f"guard: {why}; ids out of range are still guarded, rows past the count are "
+                "not, and aiter gets the count as passed"
+            )
+            hook.once(f"input {what}", text)
+            count = None
+        elif what:
             hook.once(f"input {what}", f"guard: {why}; this call goes to aiter untouched")
             return entry(*args, **kwargs)
         experts = mask.numel() if mask is not None else w1.shape[0]
-        try:
-            ids, weights = guard_routing(ids, weights, experts, count)
-        except Exception as exc:
-            text = (
-                f"the guard kernel failed ({type(exc).__name__}: {exc}); the plain-torch guard ran"
-            )
-            hook.once(f"kernel {type(exc).__name__}", text, exc_info=True)
-            ids, weights = plain_guard(ids, weights, experts, count)
+        counters = stats.buffer("guard", ids.device)
+        if other_int_ids(ids):
+            ids, weights = plain_guard(ids, weights, experts, count, counters)
+        else:
+            try:
+                ids, weights = guard_routing(ids, weights, experts, count, counters)
+            except Exception as exc:
+                text = (
+                    f"the guard kernel failed ({type(exc).__name__}: {exc}); "
+                    "the plain-torch guard ran"
+                )
+                hook.once(f"kernel {type(exc).__name__}", text, exc_info=True)
+                ids, weights = plain_guard(ids, weights, experts, count, counters)
+        stats.tick()
         args, kwargs = read.put("topk_ids", ids, args, kwargs)
         args, kwargs = read.put("topk_weight", weights, args, kwargs)
         return entry(*args, **kwargs)

@@ -131,18 +131,30 @@ def wrap_for_probe(call: Call) -> Callable[[Callable[..., Any], ProbeEnv], Calla
     return wrap
 
 
-def mask_fallback_(ids: Any, weights: Any, count: Any, fill_value: int = 0) -> None:
-    """In place: rows at and past ``count`` get id ``fill_value`` and weight 0, with torch ops
-    on the tensors' device. Takes what the kernel refuses: any integer dtype or device of
-    the count (its first element), tensors that share memory (both fills write zero bits)."""
+def mask_fallback_(
+    ids: Any, weights: Any, count: Any, fill_value: int = 0, stats: Any = None
+) -> None:
+    """In place: rows ``r`` with ``r >= count`` get id ``fill_value`` and weight 0, with torch
+    ops on the tensors' device, exactly as upstream's ``arange(M) >= count`` decides (a float
+    count of 4.7 keeps row 4, NaN masks nothing, an integer count below 0 or past M masks
+    every row or none). Takes what the kernel refuses: any dtype or device of the count (its
+    first element), any strides, tensors that share memory (both fills write zero bits).
+    ``stats``: counters to add the call and the padded entries it changes to (on the
+    device, no host synchronization)."""
     import torch
 
-    n = count.reshape(-1)[0] if isinstance(count, torch.Tensor) else torch.tensor(int(count))
+    n = count.reshape(-1)[0] if isinstance(count, torch.Tensor) else torch.tensor(count)
     pads = []
     for t in (ids, weights):  # both masks first: the count may live in one of the tensors
         rows = t.shape[0]
-        real = n.to(device=t.device, dtype=torch.int64).clamp(0, rows)
-        pads.append((torch.arange(rows, device=t.device) >= real).view(rows, *[1] * (t.dim() - 1)))
+        pad = torch.arange(rows, device=t.device) >= n.to(device=t.device)
+        pads.append(pad.view(rows, *[1] * (t.dim() - 1)))
+    if stats is not None:
+        changed = pads[0].to(stats.device) & (
+            (ids != fill_value).to(stats.device) | (weights != 0).to(stats.device)
+        )
+        stats[0] += 1
+        stats[2] += changed.sum()
     ids.masked_fill_(pads[0], fill_value)
     weights.masked_fill_(pads[1], 0)
 
@@ -167,10 +179,37 @@ def kernel_mask(*args: Any, **kwargs: Any) -> None:
     _kernel(*args, **kwargs)
 
 
+def _kernel_takes(ids: Any, weights: Any) -> bool:
+    """Whether both tensors have a layout the mask kernel takes: 2-D, columns of unit
+    stride and rows apart. Other layouts (a view with strided columns, which SGLang's own
+    tests pass as an ordinary eager input) go to the plain-torch mask without a word."""
+    for t in (ids, weights):
+        shape, stride = getattr(t, "shape", ()), t.stride() if hasattr(t, "stride") else ()
+        if len(shape) != 2:
+            return True  # not a routing tensor: the kernel says why
+        rows, cols = shape
+        if (cols > 1 and stride[1] != 1) or (rows > 1 and cols > 0 and stride[0] < cols):
+            return False
+    return True
+
+
 def _mask(call: Call, ids: Any, weights: Any, count: Any) -> None:
-    """The kernel; where it raises, :func:`mask_fallback_`; where that raises too, raise."""
+    """The kernel; where it raises, :func:`mask_fallback_`; where that raises too, raise.
+    A live call (not the probe's) adds to the mask's counters."""
+    buf = None
+    if call.mask is not mask_fallback_ and hasattr(ids, "device"):
+        from sglang_amd_moe.runtime import stats
+
+        buf = stats.buffer("mask", ids.device)
+        stats.tick()
+    if not _kernel_takes(ids, weights):
+        mask_fallback_(ids, weights, count, stats=buf)
+        return
     try:
-        call.mask(ids, weights, count, fill_value=0)
+        if buf is None:
+            call.mask(ids, weights, count, fill_value=0)
+        else:
+            call.mask(ids, weights, count, fill_value=0, stats=buf)
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
         reason = f"{type(exc).__name__}: {re.sub(r'0x[0-9a-f]+|[0-9]+', '#', first)[:160]}"
@@ -179,7 +218,7 @@ def _mask(call: Call, ids: Any, weights: Any, count: Any) -> None:
             f"the mask kernel failed ({reason}); the plain-torch mask took over",
         )
         try:
-            mask_fallback_(ids, weights, count)
+            mask_fallback_(ids, weights, count, stats=buf)
         except Exception as second:
             raise RuntimeError(
                 "sglang-amd-moe: neither the mask kernel nor the plain-torch mask could mask "
