@@ -67,6 +67,23 @@ def rows_of_body(source: str, file: str) -> tuple[list[dict] | None, str]:
     return [dict(r) for r in recs[0]["rows"]], why  # type: ignore[index]
 
 
+def _every_release(why: str) -> tuple[list[dict], str]:
+    """For a body whose release is not known: each path as every release in the table has
+    it where they all agree (the count and what the rows hold), else ``?`` with ``why``."""
+    recs = list(table().values())
+    out = []
+    for p in PATHS:
+        cells = {(r["count"], r["rows"]) for rec in recs for r in rec["rows"] if r["path"] == p}
+        if len(cells) == 1 and recs:
+            count, held = next(iter(cells))
+            same = "as in every release of the table"
+            out.append(paths.Row(p, paths.ALL, count, same, held, same))
+        else:
+            out.append(paths.Row(p, paths.ALL, "?", why, "?", why))
+    span = f"{recs[0]['release']} - {recs[-1]['release']}" if recs else "none"
+    return [r.to_json() for r in out], f"not known ({why}); as every release {span} has it"
+
+
 def _installed_rows(file: Path) -> tuple[list[dict] | None, str]:
     top = file.parents[3] if file.parts[-4:] == _TOPK_PARTS else None
     if top is None or not (top / "srt/model_executor/forward_batch_info.py").is_file():
@@ -146,8 +163,7 @@ def attach(reports: list[TargetReport], seen_from_here: bool) -> None:
     if rows is None:
         rows, source = rows_of_body(sglang.source, str(sglang.file))
     if rows is None:
-        rows = [paths.Row(p, paths.ALL, "?", source, "?", source).to_json() for p in PATHS]
-        source = f"not known: {source}"
+        rows, source = _every_release(source)
     masker = _masker(sglang)
     guard_by, guard_why, moe = _guard(sglang, aiter, seen_from_here)
     mori = os.environ.get("SGLANG_MORI_NO_PAD_MASK", "").strip().lower() in ("true", "1")

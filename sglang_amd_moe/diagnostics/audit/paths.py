@@ -577,6 +577,8 @@ def _eagle_multi(tree: Tree) -> Row:
     if mod is None:
         return Row("eagle-multi", ALL, "-", "no multi-layer EAGLE draft-extend runner", "-", "")
     zeros = _zero_inputs(tree, [_EAGLE_MULTI])
+    if not zeros and 'cuda_graph_buffers["input_ids"]' in (tree.text(_EAGLE_MULTI) or ""):
+        zeros = _zero_inputs(tree, _BUFFERS)  # the target decode graph's buffers, shared
     rows_, rwhy = (
         (VALID, f"the draft graph's input ids start as zeros ({zeros})")
         if zeros
