@@ -186,14 +186,17 @@ def entry_for(
     return reading.fingerprint, {"form": observed.behaviour, "plan": as_plan}
 
 
-def generate(labelled: Iterable[tuple[str, str]]) -> tuple[dict, dict]:
+def generate(
+    labelled: Iterable[tuple[str, str]],
+    modules_of: Callable[[str], ledger.Modules] | None = None,
+) -> tuple[dict, dict]:
     """(entries, bodies) for ``("sglang <version>", topk.py text)`` pairs; the helpers
-    each body calls are read from that version's wheel."""
+    each body calls are read from ``modules_of(version)`` (default: its wheel)."""
     live = _live_topk()
     entries: dict[str, dict] = {}
     bodies: dict[str, str] = {}
     for label, text in labelled:
-        modules = wheel_modules(label.split()[-1])
+        modules = (modules_of or wheel_modules)(label.split()[-1])
         for source, body in variants(label, text):
             fp, entry = entry_for(body, live, modules)
             known = entries.setdefault(fp, {**entry, "sources": []})
@@ -270,22 +273,23 @@ def add(
     new: list[str],
     topk: Callable[[str], str | None] | None = None,
     coverage_hook: Callable[[str], None] | None = None,
+    modules_of: Callable[[str], ledger.Modules] | None = None,
 ) -> dict[str, Any]:
     """Add each release of ``new`` to the committed ledger in one step: its bodies (the
     release, the guard form rebuilt from it, the shipped patches on either) fingerprinted
     with the helpers from its own wheel, their forms and plans by running them, and its
     coverage rows. A release without the function is listed (not asked about again) with
     no body. ``topk``: version -> topk.py text (None: no such file); ``coverage_hook``:
-    version -> None, adds its coverage rows (default :func:`add_coverage`). Returns the
-    new document."""
+    version -> None, adds its coverage rows (default :func:`add_coverage`); ``modules_of``:
+    version -> its modules (default: its wheel's). Returns the new document."""
     doc = committed()
     entries: dict[str, dict] = doc["entries"]
     bodies = json.loads(topk_source.BODIES_FILE.read_text(encoding="utf-8"))
     topk = topk or _wheel_topk_or_none
     for v in new:
         text = topk(v)
-        if text is not None and ledger.read(text).binding != "absent":
-            got, got_bodies = generate([(f"sglang {v}", text)])
+        if text is not None and ledger.read(text, modules=lambda _: None).binding != "absent":
+            got, got_bodies = generate([(f"sglang {v}", text)], modules_of)
             for fp, e in got.items():
                 old = entries.setdefault(fp, {**e, "sources": []})
                 if (old["form"], old["plan"]) != (e["form"], e["plan"]):
@@ -310,10 +314,10 @@ def _wheel_topk_or_none(version: str) -> str | None:
 
 
 def add_coverage(version: str) -> None:
-    """The coverage rows of ``version`` (``tools/compat/coverage.py``, when it can add one
+    """The coverage rows of ``version`` (``coverage_table.py`` beside this tool, when it can add one
     release: ``add_release(version)``); else says what to run."""
     try:
-        import coverage as coverage_tool  # a sibling module (tools/compat)
+        import coverage_table as coverage_tool  # a sibling module (tools/compat)
     except ImportError:
         coverage_tool = None
     add_release = getattr(coverage_tool, "add_release", None)
