@@ -1,11 +1,14 @@
 """The collector pause around plugin load: the plugin's own allocations must not be what
-starts the full collection SGLang's imports made due (0.1-1 s on a large heap)."""
+starts the full collection SGLang's imports made due (0.1-1 s on a large heap), and a child
+forked while it is paused gets the collector back as it was."""
 
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
+import threading
 
 from sglang_amd_moe.runtime import collector_paused
 
@@ -50,3 +53,48 @@ def test_entry_point_import_leaves_the_rest_for_register() -> None:
     assert out.stdout.strip() == str(
         ["sglang_amd_moe", "sglang_amd_moe.runtime", "sglang_amd_moe.runtime.plugin"]
     )
+
+
+def _fork_while_another_thread_pauses() -> bool:
+    """Fork while another thread is inside the pause: whether the child's collector is on."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def decide() -> None:
+        with collector_paused():
+            inside.set()
+            leave.wait()
+
+    t = threading.Thread(target=decide)
+    t.start()
+    inside.wait()
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the pausing thread does not exist here
+            os.write(w, b"1" if gc.isenabled() else b"0")
+            os._exit(0)
+        os.close(w)
+        seen = os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        return seen == b"1"
+    finally:
+        leave.set()
+        t.join()
+
+
+def test_a_child_forked_during_the_pause_gets_the_collector_back() -> None:
+    """On main a fork from another thread while the plugin decided left the child's
+    collector off for good."""
+    assert gc.isenabled()
+    assert _fork_while_another_thread_pauses() is True
+    assert gc.isenabled()
+
+
+def test_a_child_forked_during_the_pause_of_a_host_without_collector_keeps_it_off() -> None:
+    gc.disable()
+    try:
+        assert _fork_while_another_thread_pauses() is False
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

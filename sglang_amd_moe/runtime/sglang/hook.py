@@ -32,12 +32,11 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_amd_moe.runtime import env as _env
 from sglang_amd_moe.runtime.sglang import ledger
 from sglang_amd_moe.runtime.sglang import registry_compat as registry
-from sglang_amd_moe.runtime.sglang import verdict as _verdict
 from sglang_amd_moe.runtime.sglang.call import Call, LiveEnv, Plan, kernel_mask, run
 from sglang_amd_moe.runtime.sglang.names import (
     ACTIONS,
@@ -65,6 +64,9 @@ from sglang_amd_moe.runtime.target import (
     watching,
     when_imported,
 )
+
+if TYPE_CHECKING:
+    from sglang_amd_moe.runtime.sglang.verdict import Verdict
 
 NAME = "sglang"  # HookStatus.target
 STRICT = "SGLANG_AMD_MOE_STRICT=1"
@@ -177,7 +179,7 @@ class _Facts:
     live: Any = None  # what the module binds now (wrappers included)
     upstream: Any = None  # under every wrapper
     inputs: Inputs | None = None
-    verdict: _verdict.Verdict | None = None  # the child's (None: not asked)
+    verdict: Verdict | None = None  # the child's (None: not asked)
     checked: ProbeResult | None = None  # the probe of the hooked call kept
     notes: list[str] = field(default_factory=list)
 
@@ -416,7 +418,10 @@ class SGLangHook(Target):
         params, remap, r = params_of(live), callable(getattr(mod, REMAP, None)), facts.reading
         observed = None
         if _by_behaviour(r, strict, verify, before_plugin=not self._at_import):
-            facts.verdict = _verdict.obtain(r.fingerprint, _request(facts, where))
+            # Imported here: a process that decides from the ledger never needs it.
+            from sglang_amd_moe.runtime.sglang import verdict
+
+            facts.verdict = verdict.obtain(r.fingerprint, _request(facts, where))
             facts.detail["verdict"] = facts.verdict.detail()
             observed = facts.verdict.upstream
             facts.detail["probe"] = _probe_detail(observed)
