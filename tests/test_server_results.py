@@ -160,7 +160,19 @@ def test_run_environments_differ_only_in_their_switches(tmp_path: Path) -> None:
         assert ("SGLANG_AMD_MOE_DISABLE" in env) == (not run.plugin)
         assert ("SGLANG_AMD_MOE_TEST_INJECT" in env) == run.inject
         assert ("SGLANG_AMD_MOE_TEST_PASS_COUNT" in env) == run.pass_count
-    assert [r.label for r in harness.RUNS] == ["a", "b", "c", "d", "e"]
+        assert ("SGLANG_AMD_MOE_TEST_AITER" in env) == run.aiter
+    assert [r.label for r in harness.RUNS] == ["a", "b", "c", "d", "e", "f", "g", "h"]
+    # The default is today's five; the guard-only runs are asked for by name, and compare
+    # with (h), the same aiter path without injection or plugin.
+    assert [r.label for r in harness.select_runs("")] == ["a", "b", "c", "d", "e"]
+    guard_runs = harness.select_runs("f,g,h")
+    assert [(r.plugin, r.inject, r.pass_count, r.aiter) for r in guard_runs] == [
+        (True, True, False, True),
+        (False, True, False, True),
+        (False, False, False, True),
+    ]
+    assert harness.reference_of(guard_runs) == "h"
+    assert harness.reference_of(harness.select_runs("")) == "b"
 
 
 def test_compare_and_damage() -> None:
@@ -267,9 +279,11 @@ def test_recompress_wheel_keeps_every_member_and_its_bytes(tmp_path: Path) -> No
 def test_bundle_carries_every_file_the_servers_load() -> None:
     for rel in bundle.SERVER_FILES:
         assert (SERVER / rel).is_file(), rel
-    assert {p.name for p in (SERVER / "site").glob("*.py")} == {
-        rel.split("/")[1] for rel in bundle.SERVER_FILES if rel.startswith("site/")
+    site = SERVER / "site"
+    on_disk = {
+        str(p.relative_to(SERVER)) for p in site.rglob("*.py") if "__pycache__" not in p.parts
     }
+    assert on_disk == {rel for rel in bundle.SERVER_FILES if rel.startswith("site/")}
 
 
 def test_trim_wheel_drops_members_and_their_record_rows(tmp_path: Path) -> None:

@@ -280,3 +280,111 @@ def test_deepseek_config_fits_sglangs_triton_mla_decode_kernel(tmp_path: Path) -
     result = json.loads(out.read_text())
     assert result["config"].get("max_abs_diff", 1.0) < 2e-3, result
     assert "incompatible dimensions at index 1: 128 and 256" in result["earlier"]["error"]
+
+
+AITER_PROBE = """
+import dataclasses, json, os, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+import sitecustomize as sc
+import sglang.srt.layers.quantization.unquant as uq
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+args = object.__new__(ServerArgs)
+for f in dataclasses.fields(ServerArgs):
+    if f.default is not dataclasses.MISSING:
+        setattr(args, f.name, f.default)
+    elif f.default_factory is not dataclasses.MISSING:
+        setattr(args, f.name, f.default_factory())
+    else:
+        setattr(args, f.name, None)
+set_global_server_args_for_scheduler(args)
+if os.environ.get("PROBE_PLUGIN") == "1":
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+from sglang.srt.layers.moe.moe_runner.aiter import AiterMoeQuantInfo
+from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
+from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
+from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+M, N, K, E, H, I = 10, 6, 4, 16, 32, 16
+out = {"use_aiter": uq._use_aiter, "backend": uq.get_moe_runner_backend().value}
+method = uq.UnquantizedFusedMoEMethod()
+method.create_moe_runner(None, MoeRunnerConfig(
+    num_experts=E, num_local_experts=E, hidden_size=H, intermediate_size_per_partition=I,
+    top_k=K, activation="silu"))
+out["aiter_runner"] = method._aiter_runner is not None
+g = torch.Generator().manual_seed(0)
+hidden = torch.randn(M, H, generator=g)
+w13, w2 = torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g)
+ids = torch.randint(0, E, (M, K), generator=g, dtype=torch.int32)
+weights = torch.rand(M, K, generator=g)
+clean_ids, clean_w = ids.clone(), weights.clone()
+clean_ids[N:], clean_w[N:] = 0, 0
+ids[N:] = torch.tensor([-1, E, 9999, -(2**31)], dtype=torch.int32)  # padded rows' garbage
+ids[N + 1, 0] = 3  # an id in range among them
+weights[N:] = float("nan")
+
+def run(i, w):
+    topk = StandardTopKOutput(w, i, torch.zeros(M, E))
+    quant = AiterMoeQuantInfo(w13_weight=w13, w2_weight=w2, expert_mask=None)
+    return method._aiter_runner.run(StandardDispatchOutput(hidden, None, topk), quant).hidden_states
+
+ref = run(clean_ids, clean_w)
+try:
+    got = run(ids, weights)
+    out["real_rows_equal"] = bool(torch.equal(got[:N], ref[:N]))
+    out["error"] = None
+except Exception as exc:
+    out["error"] = type(exc).__name__ + ": " + str(exc)[:200]
+import aiter, aiter.fused_moe as fm
+out["standin"] = getattr(aiter, "IS_SERVER_STANDIN", False)
+out["calls"] = fm.CALLS[0]
+stats = sys.modules.get("sglang_amd_moe.runtime.stats")
+out["stats"] = stats.counts() if stats is not None else None
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("plugin", [False, True], ids=["bare", "plugin"])
+def test_aiter_switch_sends_sglangs_moe_through_the_stand_in(tmp_path: Path, plugin) -> None:
+    """``SGLANG_AMD_MOE_TEST_AITER=1`` (the guard-only server runs): SGLang 0.5.13.post1's
+    unquantized MoE method builds its aiter runner and calls the stand-in's
+    ``aiter.fused_moe.fused_moe``, which refuses ids out of range (on the GPU a device
+    fault; on the CPU an IndexError). Without the plugin, garbage in padded rows (no count)
+    ends the call; with it, the guard hands aiter ids in range, real rows come out exactly
+    as with clean padded rows, and the counters say how many entries it changed."""
+    if not PYTHON.exists():
+        pytest.skip(f"SGLang 0.5.13.post1 not built at {PYTHON.parent.parent}")
+    script = tmp_path / "probe.py"
+    script.write_text(AITER_PROBE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_")}
+    env.pop("SGLANG_PLUGINS", None)
+    env.update(
+        PYTHONPATH=str(SITE),
+        PYTHONDONTWRITEBYTECODE="1",
+        TRITON_INTERPRET="1",
+        SGLANG_AMD_MOE_TEST_AITER="1",
+    )
+    if plugin:
+        env.update(PROBE_PLUGIN="1", SGLANG_AMD_MOE_FORCE="1")
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [str(PYTHON), str(script), str(out)], env=env, cwd=tmp_path, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "_use_aiter=True, MoE runner backend aiter" in proc.stderr
+    r = json.loads(out.read_text())
+    assert r["use_aiter"] and r["backend"] == "aiter" and r["aiter_runner"] and r["standin"]
+    if not plugin:
+        assert r["error"] and r["error"].startswith("IndexError"), r
+        assert r["stats"] is None
+        return
+    assert r["error"] is None and r["real_rows_equal"], r
+    assert r["calls"] == 2
+    # 4 padded rows of 4 entries: 15 ids out of range; no count, so none counted as real.
+    assert r["stats"] == {
+        "guard": {"calls": 2, "out_of_range": 15, "past_count": 0, "real_out_of_range": 0}
+    }

@@ -12,8 +12,8 @@ benchmarks/server/bundle.py --dest DIR``). The folder holds
   ``TRIMS``), and the largest are stored with LZMA instead of deflate (same members,
   same bytes once unpacked, same RECORD; pip reads either), so the folder and the tree
   the device call sends fit its 64 MiB together;
-* ``server/``: ``device.sh``, ``harness.py``, ``site/sitecustomize.py`` and
-  ``site/topk_counts.py``;
+* ``server/``: ``device.sh``, ``harness.py``, ``site/sitecustomize.py``,
+  ``site/topk_counts.py`` and the aiter stand-in under ``site/aiter_server/``;
 * ``manifest.json``: every wheel with its size and sha256, what was trimmed and
   recompressed, and the commit of the tree the package wheel was built from.
 
@@ -146,7 +146,20 @@ TRIMS: dict[str, tuple[tuple[str, ...], str]] = {
 # Wheels at least this large are rewritten with LZMA (about 2.3 MiB saved on
 # sglang-kernel, 1.2 MiB on sglang, 4.4 MiB on the four together).
 RECOMPRESS_FROM = 4 * 2**20
-SERVER_FILES = ("device.sh", "harness.py", "site/sitecustomize.py", "site/topk_counts.py")
+SERVER_FILES = (
+    "device.sh",
+    "harness.py",
+    "site/sitecustomize.py",
+    "site/topk_counts.py",
+    # The aiter stand-in of the guard-only runs (SGLANG_AMD_MOE_TEST_AITER).
+    "site/aiter_server/aiter/__init__.py",
+    "site/aiter_server/aiter/fused_moe.py",
+    "site/aiter_server/aiter/tuned_gemm.py",
+    "site/aiter_server/aiter/ops/__init__.py",
+    "site/aiter_server/aiter/ops/shuffle.py",
+    "site/aiter_server/aiter/ops/flydsl/__init__.py",
+    "site/aiter_server/aiter/ops/flydsl/moe_common.py",
+)
 
 
 def run(cmd: list[str], **kw) -> None:
@@ -292,6 +305,7 @@ def main() -> int:
     server = args.dest / "server"
     (server / "site").mkdir(parents=True)
     for rel in SERVER_FILES:
+        (server / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(HERE / rel, server / rel)
     total = sum(f.stat().st_size for f in args.dest.rglob("*") if f.is_file())
     manifest["bytes_total"] = total

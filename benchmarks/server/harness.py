@@ -179,6 +179,7 @@ class Run:
     inject: bool
     pass_count: bool
     what: str
+    aiter: bool = False  # the MoE layer calls aiter.fused_moe (the CUDA stand-in)
 
 
 RUNS: tuple[Run, ...] = (
@@ -187,19 +188,38 @@ RUNS: tuple[Run, ...] = (
     Run("c", False, True, True, "plugin off, garbage injected"),
     Run("d", False, False, True, "plugin off, no injection"),
     Run("e", True, True, False, "plugin on, garbage injected, no count passed to TopK"),
+    # The guard-only runs (``--runs f,g,h``): SGLang's MoE layer calls
+    # aiter.fused_moe.fused_moe (site/aiter_server, a CUDA stand-in that faults on an id out
+    # of range), and no count reaches TopK or aiter, so the guard at aiter's entry is the
+    # only thing between the padded rows' garbage and the MoE.
+    Run("f", True, True, False, "aiter path, plugin on (the guard alone), garbage, no count", True),
+    Run("g", False, True, False, "aiter path, plugin off, garbage, no count", True),
+    Run("h", False, False, False, "aiter path, plugin off, no injection, no count", True),
 )
 REFERENCE = "b"
 EQUAL_RUNS = ("a", "b", "d")
 OVERHEAD_PAIR = ("b", "d")
+GUARD_REFERENCE = "h"
+GUARD_EQUAL_RUNS = ("f", "h")
+DEFAULT_RUNS = "a,b,c,d,e"
 
 
 def select_runs(labels: str) -> tuple[Run, ...]:
-    """The runs named in ``--runs`` (comma-separated labels; empty: all five)."""
-    wanted = [x.strip() for x in labels.split(",") if x.strip()]
+    """The runs named in ``--runs`` (comma-separated labels; empty: a to e)."""
+    wanted = [x.strip() for x in (labels or DEFAULT_RUNS).split(",") if x.strip()]
     unknown = sorted(set(wanted) - {r.label for r in RUNS})
     if unknown:
         raise SystemExit(f"unknown run label(s): {', '.join(unknown)}")
-    return tuple(r for r in RUNS if not wanted or r.label in wanted)
+    return tuple(r for r in RUNS if r.label in wanted)
+
+
+def reference_of(runs: tuple[Run, ...]) -> str:
+    """The run the others are compared with: (b), else (h) for the guard-only runs, else
+    the first (a rehearsal)."""
+    labels = {r.label for r in runs}
+    if REFERENCE in labels:
+        return REFERENCE
+    return GUARD_REFERENCE if GUARD_REFERENCE in labels else runs[0].label
 
 
 def log(msg: str) -> None:
@@ -273,6 +293,8 @@ def server_env(run: Run, base: dict[str, str], site_dir: Path, record_dir: Path)
         env["SGLANG_AMD_MOE_TEST_INJECT"] = "1"
     if run.pass_count:
         env["SGLANG_AMD_MOE_TEST_PASS_COUNT"] = "1"
+    if run.aiter:
+        env["SGLANG_AMD_MOE_TEST_AITER"] = "1"
     return env
 
 
@@ -688,6 +710,13 @@ def topk_summary(records: list[dict]) -> dict | None:
     return {"config": config, "counts": counts, "padded_rows_clean": clean}
 
 
+def stats_summary(records: list[dict]) -> dict | None:
+    """The plugin's own counters (``sglang_amd_moe.runtime.stats``) in the graph-replaying
+    process, as last read (the aiter runs only). None: not recorded."""
+    rec = next((r for r in records if r.get("plugin_stats")), None)
+    return None if rec is None else rec["plugin_stats"]
+
+
 # --------------------------------------------------------------------------------- main
 
 
@@ -849,8 +878,7 @@ def run_overhead(
 def attempt(model: str, args, results: Results) -> bool:
     """All runs with one model; False when the reference server never came up."""
     runs = select_runs(args.runs)
-    # The reference is (b) when it runs; a rehearsal with fewer runs compares to its first.
-    reference = REFERENCE if any(r.label == REFERENCE for r in runs) else runs[0].label
+    reference = reference_of(runs)
     model_dir = write_model(model, WORK / "models")
     vocab = MODELS[model]["vocab_size"]
     doc = results.doc
@@ -870,6 +898,7 @@ def attempt(model: str, args, results: Results) -> bool:
             "plugin": r.plugin,
             "inject": r.inject,
             "pass_count": r.pass_count,
+            "aiter": r.aiter,
         }
         for r in runs
     }
@@ -915,6 +944,8 @@ def attempt(model: str, args, results: Results) -> bool:
                 records=records,
                 padding=padding_summary(records),
                 topk_after_hook=topk_summary(records),
+                plugin_stats=stats_summary(records),
+                aiter_calls=sum(r.get("aiter_calls") or 0 for r in records),
                 compare_to_b=cmp,
                 alive_after_checks=not died,
                 damage=damage(cmp, parsed, died),
@@ -927,13 +958,12 @@ def attempt(model: str, args, results: Results) -> bool:
                 doc["runs"][label]["log_tail"] = text[-4000:]
         eq = {}
         present = [x for x in EQUAL_RUNS if x in servers]
-        for x in present:
-            for y in present:
-                if x < y:
-                    eq[f"{x}=={y}"] = bool(outputs[x]) and all(
-                        "ids" in p and "ids" in q and p["ids"] == q["ids"]
-                        for p, q in zip(outputs[x], outputs[y], strict=True)
-                    )
+        guard_present = [x for x in GUARD_EQUAL_RUNS if x in servers]
+        for x, y in [(x, y) for g in (present, guard_present) for x in g for y in g if x < y]:
+            eq[f"{x}=={y}"] = bool(outputs[x]) and all(
+                "ids" in p and "ids" in q and p["ids"] == q["ids"]
+                for p, q in zip(outputs[x], outputs[y], strict=True)
+            )
         doc["equal"] = eq
         results.save()
         log(

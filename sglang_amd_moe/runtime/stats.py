@@ -82,6 +82,11 @@ def buffer(target: str, device: Any) -> Any:
         buf = _BUFFERS.get((target, device))
         if buf is None:
             buf = torch.zeros(_SIZE, dtype=torch.int64, device=device)
+            if device.type == "cuda":
+                # Made now, beside the buffer: the reader then allocates nothing.
+                _PINNED[(target, device)] = torch.empty(_SIZE, dtype=torch.int64, pin_memory=True)
+                if device not in _SIDE:
+                    _SIDE[device] = torch.cuda.Stream(device=device)
             if not _BUFFERS:  # the first line a minute after counting starts
                 _STATE["next_due"] = time.monotonic() + INTERVAL_S
             _BUFFERS[(target, device)] = buf

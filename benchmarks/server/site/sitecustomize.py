@@ -24,6 +24,17 @@ ships in the wheel. Each is off unless its variable is ``1``:
     expert-parallel size is above 1; a one-GPU server hands ``TopK`` none. This switch
     supplies what those paths supply, so the padded-row code in ``_post_process_topk_ids``
     (upstream's and the plugin's) has a count to act on.
+``SGLANG_AMD_MOE_TEST_AITER``
+    SGLang's unquantized MoE layer runs through aiter, as on ROCm with
+    ``SGLANG_USE_AITER=1``: the folder ``aiter_server/`` (a CUDA stand-in for the aiter
+    modules SGLang imports on that path, with aiter's signatures; an id out of range is a
+    device fault there) goes first on ``sys.path``, and once
+    ``sglang.srt.layers.quantization.unquant`` is imported its ``_use_aiter`` is set, the
+    names its ``if _use_aiter:`` import would have bound are bound, and the MoE runner
+    backend it sees is ``aiter``: every MoE call goes to ``aiter.fused_moe.fused_moe``.
+    Other modules keep their own flags. The record then also holds the stand-in's call
+    count and the plugin's own counters (``sglang_amd_moe.runtime.stats``), read once a
+    second after the first replay.
 ``SGLANG_AMD_MOE_TEST_PROBE_LOGGING``
     Print the log lines of ``sglang_amd_moe`` and ``sglang.srt.plugins`` with the name of
     the process's target function (``load_plugins()`` runs before SGLang configures
@@ -74,6 +85,8 @@ def _on(name: str) -> bool:
 HIP_BRANCH = _on("HIP_BRANCH")
 INJECT = _on("INJECT")
 PASS_COUNT = _on("PASS_COUNT")
+AITER = _on("AITER")
+UNQUANT = "sglang.srt.layers.quantization.unquant"
 RECORD_DIR = os.environ.get(PREFIX + "RECORD_DIR", "")
 
 
@@ -101,7 +114,12 @@ class _Record:
         self.data: dict = {
             "pid": os.getpid(),
             "target": _target(),
-            "switches": {"hip_branch": HIP_BRANCH, "inject": INJECT, "pass_count": PASS_COUNT},
+            "switches": {
+                "hip_branch": HIP_BRANCH,
+                "inject": INJECT,
+                "pass_count": PASS_COUNT,
+                "aiter": AITER,
+            },
             "topk_flags_at_capture": None,
             "hook": None,
             "captured_bs": [],
@@ -110,6 +128,8 @@ class _Record:
             "replays": {},
             "topk": None,
             "topk_after_hook": None,
+            "aiter_calls": None,
+            "plugin_stats": None,
             "errors": [],
         }
         self.dirty = False
@@ -130,6 +150,7 @@ class _Record:
         while True:
             time.sleep(1.0)
             _collect_topk_counts()
+            _collect_aiter()
             self.flush()
 
     def flush(self) -> None:
@@ -283,7 +304,44 @@ def _collect_topk_counts(force: bool = False) -> None:
     RECORD.update(lambda d: d.__setitem__("topk_after_hook", doc))
 
 
+def _collect_aiter() -> None:
+    """The stand-in's call count and the plugin's counters, into the record (after the
+    first replay: the counters are read on a side stream, never during a capture)."""
+    if not AITER or not _STATE["replays"] or _STATE.get("stats_failed"):
+        return
+    moe = sys.modules.get("aiter.fused_moe")
+    calls = moe.CALLS[0] if moe is not None else None
+    stats_mod = sys.modules.get("sglang_amd_moe.runtime.stats")
+    try:
+        counts = stats_mod.counts(wait=True) if stats_mod is not None else None
+    except Exception:  # a faulted device: keep what was read before
+        _STATE["stats_failed"] = True
+        _error("reading the plugin's counters")
+        counts = None
+
+    def put(d):
+        d["aiter_calls"] = calls
+        if counts is not None:
+            d["plugin_stats"] = counts
+
+    if (calls, counts) != _STATE.get("aiter_seen"):
+        _STATE["aiter_seen"] = (calls, counts)
+        RECORD.update(put)
+
+
 # -------------------------------------------------------------------------- patches
+
+
+def _patch_unquant(mod) -> None:
+    """The MoE layer's aiter path, as on ROCm with SGLANG_USE_AITER=1 (see the docstring)."""
+    from aiter.ops.shuffle import shuffle_weight
+    from aiter.tuned_gemm import tgemm
+    from sglang.srt.layers.moe.utils import MoeRunnerBackend
+
+    mod._use_aiter = True
+    mod.shuffle_weight, mod.tgemm = shuffle_weight, tgemm
+    mod.get_moe_runner_backend = lambda: MoeRunnerBackend.AITER
+    _say(f"{UNQUANT}: _use_aiter=True, MoE runner backend aiter (aiter.fused_moe.fused_moe)")
 
 
 def _patch_topk(mod) -> None:
@@ -466,6 +524,9 @@ def _install() -> None:
     if _on("PROBE_LOGGING"):
         _probe_logging()
     callbacks = {}
+    if AITER:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "aiter_server"))
+        callbacks[UNQUANT] = _patch_unquant
     if HIP_BRANCH or INJECT or PASS_COUNT or RECORD_DIR:
         callbacks[TOPK] = _patch_topk
     if HIP_BRANCH or INJECT or PASS_COUNT or RECORD_DIR:
