@@ -163,7 +163,8 @@ class Seen:
         doc = {"of": self.of, "ran": ran, "right": bool(r and r.correct)}
         doc |= {"behaviour": behaviour_shown(self.upstream), "findings": found}
         doc |= {"why": r.why if r and not ran else self.why, "plugin": state}
-        return doc | {"previewed": self.previewed}
+        verdict = getattr(self.decision, "detail", {}).get("verdict")  # probed, cache, ledger
+        return doc | {"previewed": self.previewed, "verdict": verdict}
 
 
 def behaviour_shown(p: Any) -> str:
@@ -212,6 +213,8 @@ def observe_sglang(rep: TargetReport, view: PluginView) -> None:
     else:
         seen = Seen("upstream's function", upstream, upstream, decision, first is not None)
     rep.seen, rep.probe = seen, seen.to_json()
+    if rep.probe.get("verdict"):  # where the plugin's verdict came from, as its log line says
+        rep.notes.append(f"the plugin: {rep.probe['verdict']['text']}")
     if rep.patch and rep.patch_status == patching.APPLIES:
         check_patch(rep, module, upstream)
 

@@ -72,6 +72,7 @@ NAME = "sglang"  # HookStatus.target
 STRICT = "SGLANG_AMD_MOE_STRICT=1"
 STRICT_REFUSAL = f"left to upstream: {STRICT} hooks only bodies the ledger knows"
 UNTOUCHED = "SGLang left untouched"
+LEDGER_VERDICT = "verdict taken from the ledger (nothing run)"
 
 
 @dataclass(frozen=True)
@@ -426,7 +427,7 @@ class SGLangHook(Target):
             observed = facts.verdict.upstream
             facts.detail["probe"] = _probe_detail(observed)
         else:
-            facts.detail["verdict"] = {"source": "ledger"}
+            facts.detail["verdict"] = {"source": "ledger", "text": LEDGER_VERDICT}
             facts.detail.setdefault("probe", {"ran": False, "why": "the ledger knows this body"})
         facts.inputs = Inputs(params, r.known, observed, r.remaps_on_hip, remap, verify, strict)
         return facts
@@ -447,7 +448,7 @@ class SGLangHook(Target):
         if facts.verdict is not None:
             notes.append(facts.verdict.describe())
         elif reading.known is not None:
-            notes.append("verdict taken from the ledger (nothing run)")
+            notes.append(LEDGER_VERDICT)
         facts.notes = notes
 
     def _decide(self, import_now: bool) -> tuple[HookStatus, Call | None, _Facts | None]:

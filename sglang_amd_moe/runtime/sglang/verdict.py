@@ -116,6 +116,7 @@ class Verdict:
 
     def detail(self) -> dict[str, Any]:
         return {
+            "text": self.describe(),
             "source": self.source,
             "child_s": round(self.child_s, 3),
             "waited_s": round(self.waited_s, 3),
