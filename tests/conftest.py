@@ -35,6 +35,11 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
+# The plugin's verdict cache (runtime/sglang/verdict.py): a fresh directory per test
+# session, inherited by the processes tests start; never the user's ~/.cache.
+if "SGLANG_AMD_MOE_CACHE_DIR" not in os.environ:
+    os.environ["SGLANG_AMD_MOE_CACHE_DIR"] = tempfile.mkdtemp(prefix="sglang-amd-moe-verdicts-")
+
 TESTS = Path(__file__).resolve().parent
 FOLDER_MARKS = {"sglang": "sglang", "gpu": "gpu"}  # tests/<folder>/... -> marker
 

@@ -82,8 +82,11 @@ def switches_off(*also: str) -> dict[str, str]:
     plugin list (the real discovery, unrestricted) and the variables named in ``also``:
     what a child process that must not inherit this suite's settings starts from."""
     drop = {"SGLANG_PLUGINS", *also}
+    keep = {"SGLANG_AMD_MOE_CACHE_DIR"}  # where verdicts go (tests/conftest.py), not a switch
     return {
-        k: v for k, v in os.environ.items() if not k.startswith("SGLANG_AMD_MOE_") and k not in drop
+        k: v
+        for k, v in os.environ.items()
+        if (k in keep or not k.startswith("SGLANG_AMD_MOE_")) and k not in drop
     }
 
 
