@@ -66,7 +66,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _routing_case(function: str, m: int, topk: int, ids, weights, count, layout: str) -> Case:
+def _routing_case(
+    function: str, m: int, topk: int, ids, weights, count, layout: str, stats: bool = True
+) -> Case:
     return Case(
         function,
         (
@@ -76,6 +78,7 @@ def _routing_case(function: str, m: int, topk: int, ids, weights, count, layout:
             ("weights", weights),
             ("count", count),
             ("layout", layout),
+            ("stats", stats),
         ),
     )
 
@@ -97,6 +100,11 @@ def _routing_cases(function: str, counts: tuple, other_count) -> Iterator[Case]:
         for layout in layouts:
             yield _routing_case(function, m, 9, torch.int32, torch.float16, counts[0], layout)
             yield _routing_case(function, m, 9, torch.int32, torch.float32, other_count, layout)
+            # Counters off (SGLANG_AMD_MOE_STATS=0): the launch without them.
+            for count in counts:
+                yield _routing_case(
+                    function, m, 9, torch.int32, torch.float32, count, layout, stats=False
+                )
 
 
 def mask_cases() -> Iterator[Case]:
@@ -157,7 +165,12 @@ def _call_mask(case: Case) -> None:
         case.param("layout") == "row-strided",
     )
     count = torch.empty(1, dtype=case.param("count"), device=META)
-    mask_padded_rows_(ids, weights, count)
+    mask_padded_rows_(ids, weights, count, 0, _stats(case))
+
+
+def _stats(case: Case) -> torch.Tensor | None:
+    """The counters the plugin passes (on by default), or none."""
+    return torch.empty(8, dtype=torch.int64, device=META) if case.param("stats") else None
 
 
 def _call_guard(case: Case) -> None:
@@ -172,7 +185,7 @@ def _call_guard(case: Case) -> None:
         )
     count_dtype = case.param("count")
     count = None if count_dtype is None else torch.empty(1, dtype=count_dtype, device=META)
-    guard_routing(ids, weights, 257, count)
+    guard_routing(ids, weights, 257, count, _stats(case))
 
 
 def _call_sort(case: Case) -> None:
