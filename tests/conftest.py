@@ -47,6 +47,7 @@ FOLDER_MARKS = {"sglang": "sglang", "gpu": "gpu"}  # tests/<folder>/... -> marke
 #: from ``pytest --durations`` on a 2-core machine; the others follow in collection
 #: order. Only the order depends on it: a stale entry costs time, never a result.
 LONGEST_FIRST = (
+    "installed-wheel",
     "tests/compat/test_audit_releases.py",
     "release-0.5.23",
     "tests/test_check.py",
