@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docs_samples
 import installed_env
 import pytest
 import releases
@@ -229,3 +230,24 @@ def test_a_broken_install_fails_in_one_line(tmp_path: Path, wheel: Path, outside
         r"sglang-amd-moe audit: could not run: (ModuleNotFound|Import)Error: ", lines[0]
     )
     assert "report it at https://" in lines[0] and sglang_amd_moe.__version__ in lines[0]
+
+
+def run_sample(sample: docs_samples.Sample, python: Path, cwd: Path) -> str:
+    """The output a docs sample shows, from a run in an installed-wheel environment."""
+    proc = _run([str(python), *sample.argv], cwd, **dict(sample.extra_env))
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    return docs_samples.select(sample, proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("name", sorted(docs_samples.SAMPLES))
+def test_docs_samples_are_what_the_code_prints(envs, outside: Path, name: str) -> None:
+    """Each sample output in the docs matches a real run of the installed wheel (paths,
+    times and process ids aside): wording that drifts from the code fails here.
+    ``tools/docs_samples.py --write`` rewrites the samples from fresh runs."""
+    sample = docs_samples.SAMPLES[name]
+    got = run_sample(sample, envs(sample.env), outside)
+    assert got.strip(), f"{name}: the run printed nothing to show"
+    assert docs_samples.normalize(docs_samples.shown(name)) == docs_samples.normalize(got), (
+        f"{sample.doc}'s sample {name} differs from what the code prints now; "
+        "rewrite it with `.venv/bin/python tools/docs_samples.py --write`"
+    )
