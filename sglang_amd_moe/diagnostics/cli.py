@@ -28,6 +28,9 @@ VARIABLES = {
     "SGLANG_AMD_MOE_VERIFY=1": "check padded rows after every hooked call (debugging)",
     "SGLANG_AMD_MOE_DETERMINISTIC_SORT=1": "the MoE sort's deterministic path at every size",
     "SGLANG_AMD_MOE_PLAIN_LAUNCH=1": "launch kernels through Triton's own path",
+    "SGLANG_AMD_MOE_STATS=0": "no counters of the entries the guard and the mask change",
+    "SGLANG_AMD_MOE_CACHE_DIR=DIR": "where probe verdicts are cached (delete it to clear)",
+    "SGLANG_AMD_MOE_PROBE_TIMEOUT=S": "seconds the probe's child process may take",
 }
 
 #: Where reports go when the wheel's metadata cannot be read (a source tree run directly).
