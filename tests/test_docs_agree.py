@@ -62,3 +62,15 @@ def test_architecture_names_every_kernel_module() -> None:
     missing = [p.name for p in sorted((REPO / "kernels").glob("*.py")) if p.name != "__init__.py"]
     missing = [name for name in missing if name not in text]
     assert not missing, f"docs/architecture.md does not name kernels/{missing}"
+
+
+def test_install_commands_name_this_version() -> None:
+    """The wheel file the README and docs/install.md tell users to install is this
+    version's (0.1.0's wheel lacked the audit: a stale name sends users to it)."""
+    import sglang_amd_moe
+
+    for doc in ("README.md", "docs/install.md"):
+        names = set(
+            re.findall(r"sglang_amd_moe-([\w.]+)-py3-none-any\.whl", (REPO / doc).read_text())
+        )
+        assert names == {sglang_amd_moe.__version__}, (doc, names)
