@@ -149,7 +149,11 @@ def _cells(row: dict[str, Any], with_: dict[str, Any] | None) -> str:
     if with_ is None or with_.get("error"):
         return f"{left}| {'error: ' + with_['error'][:40] if with_ else 'not run'}"
     match, bad = with_["compare"]["match"], with_["compare"]["bad_rows"]
-    return f"{left}| {match}" + (f" ({bad} rows)" if match == "MISMATCH" else "")
+    right = f"{left}| {match}" + (f" ({bad} rows)" if match == "MISMATCH" else "")
+    guard = with_.get("guard")
+    if guard:
+        right += f"; guard changed {guard.get('out_of_range', 0)} ids"
+    return right
 
 
 def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
@@ -188,10 +192,13 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
             why = env.check_error.removeprefix("sglang-amd-moe check: ")
             lines.append(f"{env.version:<14}{'':>11} | check could not run: {why}")
             continue
-        with_rows = {(r["real"], r["padded"]): r for r in env.check.get("with_plugin", [])}
+        key = ("source", "real", "padded")
+        with_rows = {tuple(r.get(k) for k in key): r for r in env.check.get("with_plugin", [])}
         for row in env.check.get("without_plugin", []):
             batch = f"{row['real']} of {row['padded']}"
-            with_ = with_rows.get((row["real"], row["padded"]))
+            if row.get("source") == "no-count":
+                batch = f"{batch} *"
+            with_ = with_rows.get(tuple(row.get(k) for k in key))
             lines.append(f"{env.version:<14}{batch:>11} | {_cells(row, with_)}")
     lines += [
         "",
@@ -199,7 +206,10 @@ def render(envs: list[Env], out_dir: Path, elapsed: float) -> str:
         f"to the unpadded run; bad ids: expert ids outside [0, {ne}) that reached the MoE sort",
         "(aiter's pre-fix HIP sort, emulated: on a GPU the behaviour is undefined); exact:",
         "bit-identical. Each batch passes SGLang's padded-row count, as its expert-parallel",
-        "paths do (README: which paths pass none).",
+        "paths do, except those marked *: no count (as DP attention with TP MoE, EAGLE/MTP",
+        "drafts, ATOM and vLLM hand aiter), the MoE through an aiter-shaped fused_moe entry;",
+        "with the plugin its guard wraps that entry, and its counters say how many ids it",
+        "changed.",
         "result: " + _verdict(envs) + f"  ({elapsed:.0f} s)",
         "",
         f"What ran (each check's full table, JSON and each audit: {shown(out_dir)}/):",

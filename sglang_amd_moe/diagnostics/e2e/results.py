@@ -34,6 +34,9 @@ class RowResult:
     oob_reads: int = 0
     sorts: dict[str, int] = field(default_factory=dict)
     error: str = ""
+    # The no-count rows with the plugin: what its guard's counters added in this row
+    # (calls, out_of_range, past_count, real_out_of_range); None where no guard ran.
+    guard: dict[str, int] | None = None
 
 
 @dataclass

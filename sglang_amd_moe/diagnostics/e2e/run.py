@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sglang_amd_moe.diagnostics.e2e import results
+from sglang_amd_moe.diagnostics.e2e import aiter_entry, results
 from sglang_amd_moe.diagnostics.e2e import sglang_calls as calls
 from sglang_amd_moe.diagnostics.e2e.amd_emulation import hip_router_for
 from sglang_amd_moe.diagnostics.e2e.consumer import AiterLikeMoE, ConsumerStats
@@ -76,11 +76,17 @@ def padded_hidden(bench: Bench, n: int, m: int) -> torch.Tensor:
     return torch.cat([h, garbage.to(bench.device)])
 
 
-def run_model(bench: Bench, mod: ModuleType, n: int, m: int) -> tuple[torch.Tensor, ConsumerStats]:
+def run_model(
+    bench: Bench, mod: ModuleType, n: int, m: int, entry: ModuleType | None = None
+) -> tuple[torch.Tensor, ConsumerStats]:
     """The model on ``n`` real of ``m`` rows through SGLang's ``select_experts``: the final
-    hidden states and the consumer's summed stats."""
+    hidden states and the consumer's summed stats. ``entry`` (the no-count rows): the batch
+    carries no count, and each MoE call goes through that aiter-shaped ``fused_moe``."""
     cfg, total = bench.cfg, ConsumerStats()
-    count = torch.tensor([n], dtype=torch.int32, device=bench.device) if m > n else None
+    has_count = m > n and entry is None
+    count = torch.tensor([n], dtype=torch.int32, device=bench.device) if has_count else None
+    # aiter counts its experts from w1's first dimension: only that is read.
+    w1 = torch.empty(1, 1, 1, device=bench.device).expand(cfg.num_experts, 1, 1)
 
     def route(layer: int, h: torch.Tensor, logits: torch.Tensor) -> tuple[Any, Any]:
         router = hip_router_for(mod, cfg, bench.model.bias[layer], seed=1000 * m + layer)
@@ -91,6 +97,11 @@ def run_model(bench: Bench, mod: ModuleType, n: int, m: int) -> tuple[torch.Tens
         return w.float(), ids.to(torch.int32)
 
     def moe(layer: int, h: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if entry is not None:
+            entry.layer = layer
+            out = entry.fused_moe(h, w1, w1, w, ids)  # as SGLang calls aiter: no count
+            total.add(aiter_entry.seen(entry))
+            return out
         out, stats = bench.consumer(layer, h, ids, w)  # as SGLang calls aiter: no count
         total.add(stats)
         return out
@@ -136,6 +147,40 @@ def run_form(
     return rows
 
 
+#: The batches of the no-count rows (the two cheapest: 3 and 1 padded rows).
+NO_COUNT_BATCHES: tuple[tuple[int, int], ...] = BATCHES[:2]
+NO_COUNT = "no-count"  # RowResult.source of those rows
+NO_COUNT_FORM = "aiter fused_moe entry"
+
+
+def run_no_count(bench: Bench, mod: ModuleType, plugin: bool) -> tuple[list[RowResult], str]:
+    """The no-count rows: the batch carries no count, so the HIP router's garbage in padded
+    rows reaches aiter's entry; with the plugin its guard wraps that entry. Returns the rows
+    and the guard's log line (with the plugin)."""
+    from sglang_amd_moe.runtime import stats
+
+    entry, note = aiter_entry.make_entry(bench.consumer), ""
+    if plugin:
+        _, note = aiter_entry.guard(entry)
+    rows = []
+    for n, m in NO_COUNT_BATCHES:
+        row = RowResult(NO_COUNT_FORM, NO_COUNT, n, m, plugin)
+        try:
+            before = stats.counts().get("guard", {})
+            out, seen = run_model(bench, mod, n, m, entry=entry)
+            after = stats.counts().get("guard", {})
+            row.compare = compare(out[:n], bench.refs[(n, m)])
+            row.out_of_range_ids, row.oob_stores = seen.out_of_range_ids, seen.oob_stores
+            row.oob_reads, row.sorts = seen.oob_reads, seen.sorts
+            if after:
+                row.guard = {k: v - before.get(k, 0) for k, v in after.items()}
+        except Exception as exc:  # a crash is a result too
+            logger.debug("no-count run failed", exc_info=True)
+            row.error = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+    return rows, note
+
+
 def run_check(device: str, rebuilt: bool, started: float) -> CheckResult:
     """The whole check; ``started``: the ``time.monotonic()`` the elapsed time counts from.
     Raises :class:`SGLangUnavailable` when SGLang's topk module does not import."""
@@ -176,6 +221,7 @@ def _run_check(device: str, worker: Any, out: Path, started: float) -> CheckResu
     bench, form = build_bench(device), ledger.read(inspect.getsource(mod)).form
     forms = [FormInfo("installed", form)]
     without = run_form(bench, mod, "installed", form, plugin=False)
+    without += run_no_count(bench, mod, plugin=False)[0]
     rebuilt = None
     if worker is not None:
         try:
@@ -192,6 +238,9 @@ def _run_check(device: str, worker: Any, out: Path, started: float) -> CheckResu
         forms.append(rebuilt)
     forms[0].hook_live, forms[0].hook_message = calls.load_plugin()
     with_ = run_form(bench, mod, "installed", form, plugin=True)
+    no_count, guard_note = run_no_count(bench, mod, plugin=True)
+    with_ += no_count
+    forms.append(FormInfo(NO_COUNT, NO_COUNT_FORM, "no count", bool(guard_note), guard_note))
     payload, stderr = _worker_result(worker, out) if rebuilt is not None else ({}, "")
     if payload is None:
         why = "worker failed: " + "\n".join(stderr.strip().splitlines()[-5:])[-200:]

@@ -21,6 +21,14 @@ def err_cell(cmp: Compare) -> str:
     return "n/a" if cmp.nan_count else "nan" if x != x else "0" if x == 0 else f"{x:.3g}"
 
 
+def guard_cell(counts: dict[str, int]) -> str:
+    """What the guard's counters say it changed in one row (all layers)."""
+    return (
+        f"guard: {counts.get('out_of_range', 0)} ids out of range -> expert 0, weight 0 "
+        f"({counts.get('calls', 0)} calls)"
+    )
+
+
 def render(result: CheckResult) -> str:
     meta, c = result.meta, result.meta["config"]
     lines = [
@@ -63,6 +71,8 @@ def render(result: CheckResult) -> str:
         elif wc is not None and wc.match == "MISMATCH":
             seen = f"NaN {wc.nan_count}, ids seen {w.out_of_range_ids}"
             right += f" (max abs {err_cell(wc)}, {seen})"
+        if w is not None and w.guard:
+            right += f"; {guard_cell(w.guard)}"
         lines.append(f"{label:<32} {batch:>10} | {left} | {right}")
     for f in result.forms:
         if not f.reachable:
@@ -82,6 +92,10 @@ def render(result: CheckResult) -> str:
         "outside [0, NE) read by the consumer's sort (all layers)",
         "  out-of-range ids are sorted by an emulation of aiter's pre-fix HIP sort "
         "(e2e.amd_emulation.legacy_hip_sort): the device behaviour is undefined",
+        "no-count rows: the batch carries no count (DP attention with TP MoE, EAGLE/MTP drafts, "
+        "ATOM's DP pads, vLLM's -1 rows), so upstream and the plugin's SGLang hook cannot mask; "
+        "the MoE goes through an aiter-shaped fused_moe entry, which the plugin's guard wraps "
+        "as it wraps aiter's; the guard's counters say how many entries it changed",
         "with plugin: exact = bit-identical to the unpadded run; within 1e-6 = max|diff| <= "
         "1e-6 * max|ref|",
         f"result: {meta['verdict']}  ({meta['elapsed_s']:.1f} s)",
