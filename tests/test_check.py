@@ -295,9 +295,10 @@ def test_hip_router_nan_rows_get_stale_words_finite_rows_are_routed() -> None:
 def test_the_guard_diffs_rebuild_the_form_the_ledger_knows(version: str) -> None:
     """The check's ``mask-under-eplb-guard`` form: upstream PR 28378 reversed on a real
     release's topk.py is the body the ledger knows as that form (by running it)."""
-    text = ledger_tool.wheel_topk(version)
-    assert ledger.read(text).form == "fixed"
-    assert ledger.read(sglang_calls.guard_source(text)).form == "mask-under-eplb-guard"
+    text, modules = ledger_tool.wheel_topk(version), ledger_tool.wheel_modules(version)
+    assert ledger.read(text, modules=modules).form == "fixed"
+    guard = ledger.read(sglang_calls.guard_source(text), modules=modules)
+    assert guard.form == "mask-under-eplb-guard"
     with pytest.raises(sglang_calls.GuardFormError, match="applies to this release"):
         sglang_calls.guard_source(ledger_tool.wheel_topk("0.5.13.post1"))
 

@@ -29,12 +29,6 @@ def _read(version: str, text: str | None = None) -> ledger.Reading:
     return ledger.read(text, modules=ledger_tool.wheel_modules(version))
 
 
-def release_modules(rel: releases.Release) -> ledger.Modules | str:
-    """Where a release's other modules are: its environment when built, else its wheel."""
-    path = rel.topk_path()
-    return str(path) if path is not None else ledger_tool.wheel_modules(rel.version)
-
-
 def test_the_committed_ledger_is_what_the_tool_writes_for_the_ci_releases() -> None:
     """Regenerate the entries of every release CI builds (and the patches' results and
     the guard form on them) from the real wheels, by running each body: the committed
@@ -53,7 +47,7 @@ def test_every_release_reads_as_its_known_form(tmp_path, monkeypatch) -> None:
     """The forms the matrix expects (docs/compat.md) are what the ledger says."""
     monkeypatch.setenv("SGLANG_AMD_MOE_CACHE_DIR", str(tmp_path))  # not the user's cache
     for rel in releases.RELEASES:
-        reading = ledger.read(releases.topk_source(rel), modules=release_modules(rel))
+        reading = ledger.read(releases.topk_source(rel), modules=ledger_tool.release_modules(rel))
         assert reading.form == rel.expected_form, rel.label
 
 

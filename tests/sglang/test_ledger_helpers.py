@@ -164,13 +164,16 @@ def test_the_appended_line_that_disables_the_mask_is_unknown() -> None:
     ],
 )  # fmt: skip
 def test_a_name_the_body_uses_written_by_other_means_is_unknown(tail: str, why: str) -> None:
-    """These writes are not statements binding the name, so the fingerprint does not move:
-    the reading itself must refuse the body."""
+    """These writes are not statements binding the name: the reading refuses the body
+    whatever its fingerprint, and the statement that writes is in the fingerprint (two
+    bodies rebinding differently never share a fingerprint, nor a verdict kept for it)."""
     base = _read(MAIN)
     r = _read(MAIN, ledger_tool.wheel_topk(MAIN) + "\n" + tail + "\n")
-    assert r.fingerprint == base.fingerprint and base.form == "fixed"
+    assert base.form == "fixed" and r.fingerprint != base.fingerprint
     assert r.form == "unknown" and r.known is None
     assert why in r.rebound and why in r.why
+    other = _read(MAIN, ledger_tool.wheel_topk(MAIN) + "\n" + tail.replace("len", "abs") + "\n")
+    assert other.rebound and (other.fingerprint != r.fingerprint) == ("len" in tail)
 
 
 def test_an_import_over_a_helper_is_unknown() -> None:
@@ -266,9 +269,22 @@ def test_installed_helpers_are_read_as_files_and_kept_on_disk(tmp_path, monkeypa
     kept[0].write_text("{not json")
     assert ledger.read(TOPK, modules=topk).fingerprint == base.fingerprint
     assert json.loads(kept[0].read_text())["fingerprint"] == base.fingerprint  # rewritten
-    loose = tmp_path / "topk.py"  # a copy outside the package: the installed SGLang's
+    loose = tmp_path / "topk.py"  # a copy outside any package: topk.py's part only
     shutil.copy(topk, loose)
-    assert ledger.read(TOPK, modules=loose).helpers == ledger.read(TOPK).helpers
+    alone = ledger.read(TOPK, modules=loose)
+    assert not alone.helpers_read and alone.helpers == () and alone.fingerprint == base.local
+    assert alone.fingerprint == ledger.read(TOPK).fingerprint  # as for the text alone
+
+
+def test_a_text_alone_is_read_by_its_topk_part(tmp_path) -> None:
+    """Without a package to read the helpers from, the ledger answers by the topk.py part
+    (every release's own text still reads as its form), and says the helpers were not read."""
+    for version, form in (("0.5.12.post1", "no-hip-handling"), (MAIN, "fixed")):
+        r = ledger.read(ledger_tool.wheel_topk(version))
+        assert r.form == form and not r.helpers_read and ledger.NOT_READ in r.why
+        assert r.fingerprint == _read(version).local != _read(version).fingerprint
+    r = ledger.read(ledger_tool.wheel_topk(MAIN) + APPENDED)
+    assert r.form == "unknown" and ledger.NOT_READ in r.why
 
 
 # --------------------------------------------------------------------- new releases

@@ -262,7 +262,7 @@ def test_unknown_form_gets_the_guard_and_a_warning_with_its_hash(tmp_path_factor
     assert _pad(data["bare"]["w"]) == [["nan"] * K] * 3
     assert data["register_raised"] is None
     assert data["is_live"] is True
-    report = ledger.read(open(data["unknown_file"]).read())
+    report = ledger.read(open(data["unknown_file"]).read(), modules=rel.topk_path())
     assert report.form == "unknown"
     assert data["status"]["form"] == "unknown" and data["status"]["hooked"] is True
     lines = _summary_lines(data)

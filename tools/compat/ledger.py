@@ -112,6 +112,13 @@ def wheel_modules(version: str) -> ledger.Modules:
     return _zip_modules(str(whl))
 
 
+def release_modules(rel: Any) -> ledger.Modules | str:
+    """Where a release's modules are (``releases.Release``): its environment's topk.py
+    when built (the package beside it), else its wheel."""
+    path = rel.topk_path()
+    return str(path) if path is not None else wheel_modules(rel.version)
+
+
 @functools.cache
 def _zip_modules(whl: str) -> ledger.Modules:
     zf = zipfile.ZipFile(whl)
@@ -183,7 +190,8 @@ def entry_for(
     as_plan = None if isinstance(plan, Refusal) else dataclasses.asdict(plan)
     if as_plan is not None:
         as_plan.pop("verify")
-    return reading.fingerprint, {"form": observed.behaviour, "plan": as_plan}
+    entry = {"form": observed.behaviour, "plan": as_plan, "local": reading.local}
+    return reading.fingerprint, entry
 
 
 def generate(

@@ -90,6 +90,7 @@ class Release:
 
 
 RELEASES = [
+    Release("0.5.10rc0", "0.5.10rc0", "no-hip-handling", False, ci=False),
     Release("0.5.10", "0.5.10", "no-hip-handling", False, ci=True),
     Release("0.5.11", "0.5.11", "no-hip-handling", True, ci=False),
     Release("0.5.12.post1", "0.5.12.post1", "no-hip-handling", True, ci=True),

@@ -15,11 +15,11 @@ flags, its EPLB predicates, whether a HIP path calls the remap.
 from __future__ import annotations
 
 import ast
+import bisect
 import contextlib
 import dataclasses
 import functools
 import hashlib
-import importlib.util
 import json
 import os
 import re
@@ -50,6 +50,7 @@ class Entry:
     form: str
     plan: dict[str, Any] | None  # the hook's plan (``Plan`` fields; None: nothing to hook)
     sources: tuple[str, ...]  # ``sglang 0.5.13``, ``sglang 0.5.12 + <patch>``
+    local: str = ""  # the fingerprint of its topk.py part alone (see ``Reading.helpers_read``)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,11 @@ class Reading:
     bound_again: str = ""
     #: ``module.name`` of every helper outside topk.py the fingerprint covers.
     helpers: tuple[str, ...] = field(default=(), compare=False)
+    #: False when no SGLang package was given to read the helpers from (a text alone, a
+    #: loose copy of topk.py): the fingerprint then covers topk.py's part only, and the
+    #: ledger answers for the bodies whose topk.py part that is, if they all agree.
+    helpers_read: bool = True
+    local: str = ""  # the fingerprint of the topk.py part alone
 
     @property
     def form(self) -> str:
@@ -85,9 +91,11 @@ class Reading:
         if self.binding == "absent":
             return f"no {names.FUNCTION_NAME} bound in topk.py"
         if self.known is not None:
-            return f"the ledger knows this body ({', '.join(self.known.sources[:3])})"
+            partly = "" if self.helpers_read else NOT_READ
+            return f"the ledger knows this body ({', '.join(self.known.sources[:3])}){partly}"
         what = self.binding or self.rebound or self.bound_again or "a changed body"
-        return f"the ledger does not know this body ({what})"
+        partly = "" if self.helpers_read or self.binding else NOT_READ
+        return f"the ledger does not know this body ({what}){partly}"
 
 
 @functools.cache
@@ -99,7 +107,25 @@ def _document() -> dict[str, Any]:
 def entries() -> dict[str, Entry]:
     """The ledger: fingerprint -> entry."""
     doc = _document()["entries"]
-    return {fp: Entry(e["form"], e["plan"], tuple(e["sources"])) for fp, e in doc.items()}
+    return {
+        fp: Entry(e["form"], e["plan"], tuple(e["sources"]), e.get("local", ""))
+        for fp, e in doc.items()
+    }
+
+
+def by_local() -> dict[str, Entry]:
+    """The ledger by the fingerprint of topk.py's part alone: an entry where every body
+    with that part has one form and plan (their sources together). An entry without one
+    is keyed by its fingerprint (a ledger written before fingerprints read the helpers)."""
+    groups: dict[str, list[Entry]] = {}
+    for fp, e in entries().items():
+        groups.setdefault(e.local or fp, []).append(e)
+    out = {}
+    for local, es in groups.items():
+        if len({(e.form, json.dumps(e.plan, sort_keys=True)) for e in es}) == 1:
+            sources = tuple(s for e in es for s in e.sources)
+            out[local] = Entry(es[0].form, es[0].plan, sources, local)
+    return out
 
 
 def read(
@@ -112,9 +138,11 @@ def read(
     """Read ``module_text`` (topk.py); with ``function_source`` (``inspect.getsource`` of
     the running function), that function in its module's context instead of the one the
     module binds. ``modules``: where the other SGLang modules are read from, a
-    :data:`Modules` or the path of the topk.py the text is from (see
-    :func:`package_modules`); by default the installed SGLang package, found without
-    importing it. Never raises: a text that does not parse reads as an unknown body."""
+    :data:`Modules` or the path of the installed topk.py the text is from (the package
+    around it; see :func:`package_modules`). Without one (or for a path outside an SGLang
+    package) the helpers in other modules are not read: ``helpers_read`` is False and the
+    ledger answers by topk.py's part alone, so code that decides must give the path.
+    Never raises: a text that does not parse reads as an unknown body."""
     try:
         tree = _parse(module_text)
         fn_tree = ast.parse(textwrap.dedent(function_source)) if function_source else None
@@ -137,12 +165,14 @@ def read(
         cover = _covered(module_text, function_source, tree, fn, modules)
     except RecursionError:  # a pathological text: no fingerprint, never a known one
         return Reading(binding="it is nested too deeply to read", **common)
-    fingerprint = cover.fingerprint
-    known = entries().get(fingerprint) if not (binding or cover.rebound) else None
+    fingerprint = cover.fingerprint if cover.full else cover.local
+    table = entries() if cover.full else by_local()
+    known = table.get(fingerprint) if not (binding or cover.rebound) else None
     remaps = _remaps(fn, top, set())
     return Reading(fingerprint, binding, lineno, known, predicates=predicates(used),
                    remaps_on_hip=remaps, node=fn, rebound=cover.rebound,
-                   bound_again=cover.bound_again, helpers=cover.helpers, **common)  # fmt: skip
+                   bound_again=cover.bound_again, helpers=cover.helpers,
+                   helpers_read=cover.full, local=cover.local, **common)  # fmt: skip
 
 
 def built() -> str:
@@ -181,26 +211,21 @@ def newer_than_ledger(version: str | None = None) -> str:
 # --- where the other SGLang modules are read from ------------------------------------------
 
 
-def package_modules(topk_path: str | os.PathLike[str] | None = None) -> Modules:
+def package_modules(topk_path: str | os.PathLike[str]) -> Modules:
     """The modules of the SGLang package ``topk_path`` (``.../sglang/srt/layers/moe/topk.py``)
-    belongs to, read as files. A path outside such a package (a loose copy of topk.py), or
-    None: the installed SGLang package, found without importing it."""
+    belongs to, read as files (none for a path outside such a package)."""
     return functools.partial(_package_module, _package_root(topk_path))
 
 
 def _package_root(topk_path: str | os.PathLike[str] | None) -> Path | None:
-    parts = names.TOPK_MODULE.split(".")
-    if topk_path is not None:
-        p = Path(topk_path)
-        dirs = [d.name for d in p.parents[: len(parts) - 1]]
-        if p.name == parts[-1] + ".py" and dirs == parts[-2::-1]:
-            return p.parents[len(parts) - 1]
-    try:
-        spec = importlib.util.find_spec(PACKAGE)  # a top-level name: found, not imported
-    except (ImportError, ValueError):
+    """The folder holding the ``sglang`` package ``topk_path`` is in (None: not in one)."""
+    if topk_path is None:
         return None
-    for loc in (spec.submodule_search_locations or []) if spec is not None else []:
-        return Path(loc).parent
+    parts = names.TOPK_MODULE.split(".")
+    p = Path(topk_path)
+    dirs = [d.name for d in p.parents[: len(parts) - 1]]
+    if p.name == parts[-1] + ".py" and dirs == parts[-2::-1]:
+        return p.parents[len(parts) - 1]
     return None
 
 
@@ -240,6 +265,8 @@ class _Result:
     rebound: str
     bound_again: str
     helpers: tuple[str, ...]
+    local: str = ""
+    full: bool = True  # the helpers in other modules were read
 
 
 def _covered(
@@ -248,6 +275,8 @@ def _covered(
     if callable(modules):
         return _compute(tree, fn, modules)
     root = _package_root(modules)
+    if root is None:  # no package to read the helpers from: topk.py's part only
+        return dataclasses.replace(_compute(tree, fn, lambda _: None), full=False)
     looked: dict[str, list[Any] | None] = {}
 
     def recording(name: str) -> tuple[str, bool] | None:
@@ -267,8 +296,8 @@ def _covered(
 
 def _compute(tree: ast.Module, fn: ast.AST, modules: Modules) -> _Result:
     c = _Cover(tree, fn, modules)
-    fp = hashlib.sha256("\n".join(c.parts).encode()).hexdigest()
-    return _Result(fp, c.rebound, c.bound_again, c.helpers)
+    fp, local = (hashlib.sha256("\n".join(p).encode()).hexdigest() for p in (c.parts, c.local))
+    return _Result(fp, c.rebound, c.bound_again, c.helpers, local)
 
 
 def _file_state(root: Path | None, name: str) -> list[Any] | None:
@@ -303,7 +332,7 @@ def _cache_get(key: str, root: Path | None) -> _Result | None:
         ):
             return None
         return _Result(doc["fingerprint"], doc["rebound"], doc["bound_again"],
-                       tuple(doc["helpers"]))  # fmt: skip
+                       tuple(doc["helpers"]), doc["local"])  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # absent, unreadable or another layout: computed again and rewritten
 
@@ -335,6 +364,9 @@ def _code_version() -> str:
 
 
 _CODE_VERSION = _code_version()
+
+
+NOT_READ = "; its helpers in other modules were not read (no SGLang package beside it)"
 
 
 # --- what the fingerprint covers -----------------------------------------------------------
@@ -379,12 +411,18 @@ class _Cover:
             if not self._queue:
                 self._attribute_uses()
         self._parts[(root.name, -1, "")] = _canon(fn)
-        self.parts = [self._parts[k] for k in sorted(self._parts, key=_order)]
         seen = [m for m in self._mods.values() if m is not None]
         self.helpers = tuple(sorted(
             f"{m.name}.{n}" for m in seen if m is not root for n in m.needed if n in m.binders
         ))  # fmt: skip
-        self.rebound = next((why for m in seen for why in _rebinds(m, self._mods, root)), "")
+        rebinds = [(why, m, line) for m in seen for why, line in _rebinds(m, self._mods, root)]
+        self.rebound = rebinds[0][0] if rebinds else ""
+        for _, m, line in rebinds:  # what rebinds is part of the body: two rebindings differ
+            i = _top_statement(m.tree, line)
+            self._parts[(m.name, i, "")] = _canon(m.tree.body[i])
+        self.parts = [self._parts[k] for k in sorted(self._parts, key=_order)]
+        # topk.py's part: the same whether or not the other modules could be read
+        self.local = [self._parts[k] for k in sorted(self._parts, key=_order) if k[0] == root.name]
         self.bound_again = next((why for m in seen for why in _bound_again(m, root)), "")
 
     def _module(self, name: str) -> _Module | None:
@@ -491,6 +529,13 @@ class _Cover:
                 target = self._module(target_name) if target_name else None
                 if target is not None:
                     self._need(target, {attr})
+
+
+def _top_statement(tree: ast.Module, line: int) -> int:
+    """The index of the top-level statement of ``tree`` that holds ``line``."""
+    starts = [min([s.lineno, *(d.lineno for d in getattr(s, "decorator_list", []))])
+              for s in tree.body]  # fmt: skip
+    return max(bisect.bisect_right(starts, line) - 1, 0)
 
 
 def _order(key: tuple[str, int, str]) -> tuple[int, str, int, str]:
@@ -739,12 +784,15 @@ def _bound_again(mod: _Module, root: _Module) -> Iterator[str]:
             yield f"{n} is bound {count} times in {where}"
 
 
-def _rebinds(mod: _Module, mods: dict[str, _Module | None], root: _Module) -> Iterator[str]:
-    """Why a name ``mod``'s covered code uses may not be what its statements bind it to."""
+def _rebinds(
+    mod: _Module, mods: dict[str, _Module | None], root: _Module
+) -> Iterator[tuple[str, int]]:
+    """Why a name ``mod``'s covered code uses may not be what its statements bind it to,
+    and the line of ``mod`` that says so."""
     where = "topk.py" if mod is root else mod.name
     for n, line in mod.facts.declared_global:
         if n in mod.needed and (mod is root or _is_code(mod, n)):
-            yield f"{n} is declared global at {where} line {line}"
+            yield f"{n} is declared global at {where} line {line}", line
     aliases = {**mod.facts.aliases, **mod.modules}
     for (kind, ref), key, line in mod.facts.writes:
         if kind == "self":
@@ -755,15 +803,15 @@ def _rebinds(mod: _Module, mods: dict[str, _Module | None], root: _Module) -> It
             target = mods.get(aliases[ref])
         else:  # an attribute of one of its own objects: a function's code, say
             if mod is root and ref in mod.needed and _is_code(mod, ref, functions=True):
-                yield f"{ref}.{key} is written at {where} line {line}"
+                yield f"{ref}.{key} is written at {where} line {line}", line
             continue
         if target is None:
             continue
         tw = "topk.py" if target is root else target.name
         if key is None:
-            yield f"{where} line {line} writes names of {tw} it computes"
+            yield f"{where} line {line} writes names of {tw} it computes", line
         elif key in target.needed:
-            yield f"{key} of {tw} is rebound at {where} line {line}"
+            yield f"{key} of {tw} is rebound at {where} line {line}", line
 
 
 def _is_code(mod: _Module, name: str, functions: bool = False) -> bool:

@@ -347,6 +347,26 @@ def default_fill(text: str) -> str:
     return edit(text, old, old.replace(", fill_value=0)", ")"))
 
 
+#: One line appended to 0.5.23's topk.py that turns its padded-row mask into a no-op, and
+#: the same by ``setattr`` on the module (not a statement binding the name: the ledger's
+#: reading itself must refuse it). Each must read ``unknown``, never ``fixed``; more ways
+#: to rebind are read (not run) in ``test_ledger_helpers.py``.
+MASK_OFF = {
+    "mask-off-appended": "_mask_topk_ids_padded_region = lambda *a, **k: None",
+    "mask-off-setattr": (
+        "import sys\n"
+        "setattr(sys.modules[__name__], '_mask_topk_ids_padded_region', lambda *a, **k: None)"
+    ),
+}
+
+
+def appended(line: str) -> Callable[[str], str]:
+    def change(text: str) -> str:
+        return text + "\n" + line + "\n"
+
+    return change
+
+
 def systemexit_on_import(text: str) -> str:
     return text + "\n\nraise SystemExit(3)  # a module that refuses to import here\n"
 
@@ -524,6 +544,17 @@ VARIANTS: list[Variant] = [
         "0.5.23 without its trailing padded-weight zeroing",
         on(weights_not_zeroed),
         Expect("unknown", "unknown", "live", "upstream"),
+    ),
+    # A helper the body calls, rebound after its definition.
+    *(
+        Variant(
+            name,
+            V23,
+            f"0.5.23 with `{line.splitlines()[-1]}` appended: padded ids never masked",
+            on(appended(line)),
+            Expect("unknown", "unknown", "live", "upstream"),
+        )
+        for name, line in MASK_OFF.items()
     ),
     # Functions that are not a top-level def.
     Variant(
