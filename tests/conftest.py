@@ -73,6 +73,13 @@ GROUPS_DIR = "SGLANG_AMD_MOE_TEST_GROUPS_DIR"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        # The release environments run this package from its wheel, never from the tree:
+        # rebuild and install it when the tree changed (once per content; a no-op else).
+        import releases
+
+        if releases.plugin_environments():
+            releases.install_plugin_wheel()
     if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
         if config.getoption("dist") == "load":  # what -n alone asks for
             config.option.dist = "loadgroup"

@@ -5,38 +5,20 @@ package of that name that SGLang depends on)."""
 from __future__ import annotations
 
 import ast
-import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
+import installed_env
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def built_wheel(tmp_path: Path) -> Path:
-    """Build this package's wheel into ``tmp_path`` (as users do: ``pip wheel``), from a
-    copy of the tracked files: setuptools reuses a ``build/`` folder left in the source
-    tree, so stale modules there would end up in the wheel of a fresh clone's test."""
-    src = tmp_path / "src"
-    tracked = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
-    ).stdout.decode()
-    for rel in filter(None, tracked.split("\0")):
-        if (REPO / rel).is_file():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / rel, src / rel)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(src)],
-        check=True,
-        timeout=600,
-    )
-    wheels = list(tmp_path.glob("sglang_amd_moe-*.whl"))
-    if len(wheels) != 1:
-        raise AssertionError(f"expected one wheel, got {wheels}")
-    return wheels[0]
+    """This package's wheel, built into ``tmp_path`` as users build it from a fresh clone
+    (``installed_env.build_wheel``: ``pip wheel`` over a copy of the tracked files)."""
+    return installed_env.build_wheel(tmp_path)
 
 
 def shipped_path(tracked: str) -> str:

@@ -156,13 +156,28 @@ def make_layered_venv(dest: Path, shared: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     run([sys.executable, "-m", "venv", "--without-pip", str(dest)])
-    shared_sp = site_packages(shared)
-    own_sp = site_packages(dest)
-    # Appended after the venv's own site-packages: its packages win, the shared
-    # venv supplies the rest (and runs its .pth files: editable installs).
-    (own_sp / "zz_shared_venv.pth").write_text(
-        f"import site; site.addsitedir({str(shared_sp)!r})\n"
+    write_layer_pth(site_packages(dest), site_packages(shared))
+
+
+#: The layer's .pth file in a layered venv's own site-packages.
+LAYER_PTH = "zz_shared_venv.pth"
+
+
+def write_layer_pth(own_sp: Path, shared_sp: Path) -> None:
+    """Put ``shared_sp`` after the venv's own site-packages (its packages win, the shared
+    venv supplies the rest) and run the shared venv's .pth files, except this package's
+    editable install: a layered environment never sees the source tree, it gets this
+    package from its wheel (``releases.py install-wheel``)."""
+    # One line, run by exec() in site's own frame: a comprehension there cannot see the
+    # names the line binds, so the loop body reaches them through a lambda's default.
+    code = (
+        f"import os, sys; d = {str(shared_sp)!r}; sys.path.append(d); "
+        "list(map(lambda n, d=d: __import__('site').addpackage(d, n, set()), "
+        "[n for n in sorted(os.listdir(d)) if n.endswith('.pth') and 'sglang_amd_moe' not in n]))"
     )
+    tmp = own_sp / f".{LAYER_PTH}.tmp"
+    tmp.write_text(code + "\n")
+    os.replace(tmp, own_sp / LAYER_PTH)
 
 
 def apply_patch(venv: Path, patch_file: Path) -> None:

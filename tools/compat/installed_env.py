@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,47 @@ ALWAYS_HIDDEN = (
 )
 #: What a view of a layer hides when a later layer must not supply SGLang.
 SGLANG = ("sglang", "sglang-*", "sglang.*")
+
+
+#: What the wheel is built from: the package's folders and the files that describe it.
+SOURCES = (
+    "sglang_amd_moe",
+    "kernels",
+    "patches",
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    "LICENSE",
+)
+
+
+def sources(untracked: bool = False) -> list[str]:
+    """The repository's files the wheel is built from: tracked ones (a fresh clone's), and
+    with ``untracked`` the new files git does not ignore (a working tree's next commit)."""
+    cmd = ["git", "ls-files", "-z", "--cached"]
+    if untracked:
+        cmd += ["--others", "--exclude-standard"]
+    out = subprocess.run([*cmd, "--", *SOURCES], cwd=REPO, capture_output=True, check=True)
+    return sorted({f for f in out.stdout.decode().split("\0") if f and (REPO / f).is_file()})
+
+
+def build_wheel(out: Path, files: list[str] | None = None) -> Path:
+    """Build this package's wheel into ``out`` as users do (``pip wheel --no-deps``), from
+    a copy of ``files`` (default: the tracked ones): setuptools reuses a ``build/`` folder
+    left in the source tree, so stale modules there would end up in the wheel."""
+    src = out / "src"
+    for rel in sources() if files is None else files:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, src / rel)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
+        check=True,
+        timeout=600,
+    )
+    wheels = list(out.glob("sglang_amd_moe-*.whl"))
+    if len(wheels) != 1:
+        raise AssertionError(f"expected one wheel, got {wheels}")
+    return wheels[0]
 
 
 def purelib(python: Path) -> Path:

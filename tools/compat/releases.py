@@ -12,6 +12,8 @@ Usage::
     python tools/compat/releases.py build-ci        # one release of each form (make test)
     python tools/compat/releases.py build-all       # every release (make compat)
     python tools/compat/releases.py list            # labels and their state, as JSON
+    python tools/compat/releases.py install-wheel   # this package's wheel, from the working
+                                                    # tree, into every layered environment
     python tools/compat/releases.py wheel [LABEL]   # path of the release's wheel (cached
                                                     # in .cache/wheels; default: the main one)
     python tools/compat/releases.py matrix --out docs/compat.md [LABEL ...]
@@ -33,6 +35,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -194,6 +197,76 @@ def ensure(rels: list[Release], jobs: int = BUILD_JOBS) -> None:
         raise SystemExit(f"[releases] building {', '.join(failed)} failed (output above)")
 
 
+# ------------------------------------------------------------------ the plugin's wheel
+
+#: Each wheel of this package installed once, under the hash of what it was built from.
+PLUGIN_WHEELS = COMPAT / "plugin-wheels"
+#: The .pth file that puts the installed wheel on a release environment's path; it sorts
+#: before build_env.LAYER_PTH, so the wheel comes before .venv's packages.
+PLUGIN_PTH = "aa_sglang_amd_moe_wheel.pth"
+
+
+def plugin_environments() -> list[Path]:
+    """The layered environments that run this package: every built release but the one
+    in .venv (which holds the editable install the in-process tests import), and the
+    server test's layer."""
+    envs = [r.venv for r in RELEASES if r.venv != VENV and r.is_built()]
+    return envs + ([COMPAT / "server"] if (COMPAT / "server" / "layer.json").exists() else [])
+
+
+def install_plugin_wheel(envs: list[Path] | None = None) -> Path:
+    """Build this package's wheel from the working tree (its tracked files and the new
+    ones git does not ignore), install it (``--no-deps``) once per content into
+    ``.compat/plugin-wheels/<hash>/site``, and point every layered environment at it.
+
+    The environments then run the wheel, never the tree (their layer skips .venv's
+    editable install). Switching is one atomic rename of a one-line .pth file, so a test
+    still running against the previous wheel is not disturbed; a file lock serialises
+    test sessions that start together."""
+    import fcntl
+    import hashlib
+
+    import installed_env
+
+    envs = plugin_environments() if envs is None else envs
+    files = installed_env.sources(untracked=True)
+    digest = hashlib.sha256()
+    for rel in files:
+        digest.update(rel.encode() + b"\0" + (REPO / rel).read_bytes() + b"\0")
+    site = PLUGIN_WHEELS / digest.hexdigest()[:16] / "site"
+    PLUGIN_WHEELS.mkdir(parents=True, exist_ok=True)
+    with open(PLUGIN_WHEELS / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (site / ".complete").exists():
+            shutil.rmtree(site, ignore_errors=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                wheel = installed_env.build_wheel(Path(tmp), files)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "install",
+                        "-q",
+                        "--no-deps",
+                        "--no-index",
+                        "--no-compile",
+                        "--target",
+                        str(site),
+                        str(wheel),
+                    ],
+                    check=True,
+                )
+            (site / ".complete").write_text(wheel.name + "\n")
+        for env in envs:
+            own = build_env.site_packages(env)
+            build_env.write_layer_pth(own, build_env.site_packages(VENV))
+            tmp_pth = own / f".{PLUGIN_PTH}.tmp"
+            tmp_pth.write_text(str(site) + "\n")
+            os.replace(tmp_pth, own / PLUGIN_PTH)
+    return site
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
@@ -205,6 +278,8 @@ def main(argv: list[str]) -> int:
         ensure([r for r in RELEASES if r.ci])
     elif cmd == "build-all":
         ensure(RELEASES)
+    elif cmd == "install-wheel":
+        print(install_plugin_wheel())
     elif cmd == "matrix":
         return matrix(rest)
     elif cmd == "wheel":
