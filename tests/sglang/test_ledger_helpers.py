@@ -340,6 +340,17 @@ def test_add_puts_a_new_release_in_one_step(ledger_copy: Path) -> None:
     assert ledger_tool.missing(["0.5.98", "0.5.99"], ledger.releases()) == []
 
 
+def test_add_asks_the_coverage_tool_for_the_rows(monkeypatch) -> None:
+    import coverage_table  # tools/compat
+
+    asked: list[str] = []
+    monkeypatch.setattr(
+        coverage_table, "add_release", lambda v: asked.append(v) or {"form": "fixed"}
+    )
+    ledger_tool.add_coverage("0.5.99")
+    assert asked == ["0.5.99"]
+
+
 # --------------------------------------------------------------------- newer than the ledger
 
 

@@ -288,7 +288,8 @@ def add(
     with the helpers from its own wheel, their forms and plans by running them, and its
     coverage rows. A release without the function is listed (not asked about again) with
     no body. ``topk``: version -> topk.py text (None: no such file); ``coverage_hook``:
-    version -> None, adds its coverage rows (default :func:`add_coverage`); ``modules_of``:
+    version -> None, adds its coverage rows once the ledger has the release (default
+    :func:`add_coverage`); ``modules_of``:
     version -> its modules (default: its wheel's). Returns the new document."""
     doc = committed()
     entries: dict[str, dict] = doc["entries"]
@@ -309,8 +310,9 @@ def add(
             bodies.update(got_bodies)
         else:
             print(f"[ledger] sglang {v}: no {names.FUNCTION_NAME}: listed, no body", flush=True)
-        (coverage_hook or add_coverage)(v)
     write(entries, bodies, [*versions(), *new])
+    for v in new:  # after the ledger has them: the coverage rows name each body's form
+        (coverage_hook or add_coverage)(v)
     return committed()
 
 
@@ -322,18 +324,13 @@ def _wheel_topk_or_none(version: str) -> str | None:
 
 
 def add_coverage(version: str) -> None:
-    """The coverage rows of ``version`` (``coverage_table.py`` beside this tool, when it can add one
-    release: ``add_release(version)``); else says what to run."""
-    try:
-        import coverage_table as coverage_tool  # a sibling module (tools/compat)
-    except ImportError:
-        coverage_tool = None
-    add_release = getattr(coverage_tool, "add_release", None)
-    if add_release is None:
-        print(f"[ledger] sglang {version}: add its coverage rows: no coverage tool to call",
-              flush=True)  # fmt: skip
-        return
-    add_release(version)
+    """The coverage rows of ``version``: ``tools/compat/coverage_table.py``'s
+    ``add_release`` (its wheel read, the committed table, docs/coverage.md and the
+    README's table regenerated with it)."""
+    import coverage_table  # a sibling module (tools/compat)
+
+    rec = coverage_table.add_release(version)
+    print(f"[ledger] sglang {version}: coverage rows added (form {rec['form']})", flush=True)
 
 
 def main(argv: list[str]) -> int:
