@@ -21,10 +21,11 @@ import pytest
 import releases
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_release_support import require_built, switches_off
+from packaging.version import Version
+from sglang_release_support import outside_tree, require_built, switches_off
 
 from sglang_amd_moe.diagnostics import audit, patching, sources
-from sglang_amd_moe.diagnostics.audit import coverage, plugins, read, render, verdict
+from sglang_amd_moe.diagnostics.audit import coverage, paths, plugins, read, render, verdict
 from sglang_amd_moe.runtime import env
 from sglang_amd_moe.runtime.sglang import names
 from sglang_amd_moe.runtime.sglang.probe import Observation, ProbeResult
@@ -38,27 +39,47 @@ STANDIN_REJECTED = STANDIN / "aiter" / "_shapes" / "count_rejected" / "fused_moe
 PY = sys.executable
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, python: str | Path = PY, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PY, "-m", "sglang_amd_moe", "audit", *args],
+        [str(python), "-m", "sglang_amd_moe", "audit", *args],
         capture_output=True,
         text=True,
         env=env,
-        cwd=REPO,
+        cwd=cwd,
         timeout=300,
     )
 
 
+def package_view(label: str, text: str, where: Path) -> Path:
+    """``topk.py`` with ``text`` inside a view of the release's installed ``sglang`` package
+    at ``where`` (every other file a link to the real one), as in an image's tree: the
+    ledger reads the helpers a body calls from the package beside it."""
+    rel = releases.BY_LABEL[label]
+    require_built(rel)
+    src, dst = rel.topk_path().parents[3], where / "sglang"
+    for part in ("", "srt", "layers", "moe"):
+        src, dst = src / part, dst / part
+        dst.mkdir(parents=True, exist_ok=True)
+        for entry in src.iterdir():
+            if not (dst / entry.name).exists() and entry.name not in ("srt", "layers", "moe"):
+                (dst / entry.name).symlink_to(entry)
+    topk = dst / "topk.py"
+    topk.unlink(missing_ok=True)
+    topk.write_text(text)
+    return topk
+
+
 @pytest.fixture(scope="module")
 def release_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """topk.py of every CI release, as files (copied, so tests may edit them)."""
+    """topk.py of every built CI release, each in a view of its package (copied, so tests
+    may edit them)."""
     d = tmp_path_factory.mktemp("topk")
     out = {}
     for rel in releases.RELEASES:
-        if rel.ci:
-            p = d / f"{rel.label}.py"
-            p.write_text(releases.topk_source(rel))
-            out[rel.label] = p
+        if rel.ci and rel.is_built():
+            out[rel.label] = package_view(rel.label, releases.topk_source(rel), d / rel.label)
     return out
 
 
@@ -187,10 +208,8 @@ def test_patched_file_is_named_as_patched(
 ) -> None:
     rel = releases.BY_LABEL[label]
     name = patching.patch_for("sglang", rel.expected_form)
-    fixed = tmp_path / "topk.py"
-    fixed.write_text(
-        patching.apply_text(release_files[label].read_text(), patching.read_patch(name))
-    )
+    patched = patching.apply_text(release_files[label].read_text(), patching.read_patch(name))
+    fixed = package_view(label, patched, tmp_path)
     proc = run_cli("--json", "--sglang-source", str(fixed))
     (t,) = json.loads(proc.stdout)["targets"]
     assert proc.returncode == 0 and t["form"] == "fixed" and not t["needs_attention"]
@@ -201,6 +220,12 @@ def test_patched_file_is_named_as_patched(
     assert t["action"] == f"not hooked: the file is patched ({name} is applied)", t["action"]
     diff = run_cli("--diff", "--sglang-source", str(fixed))
     assert f"already patched ({name})" in diff.stdout
+    # The coverage the patch implies: each path as the patched body's releases have it,
+    # and the count-carrying path masked by the patched function.
+    ep = next(p for p in t["coverage"]["paths"] if p["path"] == "ep")
+    assert ep["count"] == "yes" and ep["protected_by"] == [f"SGLang, patched ({name})"], ep
+    tp = next(p for p in t["coverage"]["paths"] if p["path"] == "tp")
+    assert tp["protected_by"] == [coverage.NOTHING_NEEDED] and "?" not in t["coverage"]["source"]
 
 
 def test_fixed_releases_are_not_read_as_patched(
@@ -210,12 +235,9 @@ def test_fixed_releases_are_not_read_as_patched(
     28378), and the patches add the rest of 0.5.14's HIP branch: only the line each patch
     adds to name itself tells a patched file from a fixed release."""
     guard = releases.BY_LABEL["0.5.14-mask-under-eplb-guard"]
-    v0514 = tmp_path / "0.5.14.py"
-    v0514.write_text(
-        patching.apply_text(
-            release_files[guard.label].read_text(), (REPO / guard.patch).read_text(), reverse=True
-        )
-    )
+    reverse = (REPO / guard.patch).read_text()
+    text = patching.apply_text(release_files[guard.label].read_text(), reverse, reverse=True)
+    v0514 = package_view(guard.label, text, tmp_path)
     for path in (v0514, release_files[releases.MAIN_RELEASE]):
         proc = run_cli("--json", "--sglang-source", str(path))
         (t,) = json.loads(proc.stdout)["targets"]
@@ -236,9 +258,8 @@ def test_diff_shows_the_fix(release_files: dict[str, Path]) -> None:
     assert "+        if _eplb_remap_enabled():" in diff
     # Only the function is diffed (the helpers the patch adds elsewhere are not).
     assert "def _eplb_remap_enabled" not in diff
-    guard = run_cli(
-        "--diff", "--json", "--sglang-source", str(release_files["0.5.14-mask-under-eplb-guard"])
-    )
+    label = "0.5.14-mask-under-eplb-guard"
+    guard = run_cli("--diff", "--json", "--sglang-source", str(release_files[label]))
     d = json.loads(guard.stdout)["diff"]["sglang"]
     assert (
         "+        _mask_topk_ids_padded_region(topk_ids, num_token_non_padded, fill_value=0)" in d
@@ -257,8 +278,7 @@ def test_drifted_file_needs_attention(release_files: dict[str, Path], tmp_path: 
         "        M, N = router_logits.shape\n", "        M, N = router_logits.shape  # local\n", 1
     )
     assert edited != src
-    p = tmp_path / "topk.py"
-    p.write_text(edited)
+    p = package_view("0.5.12.post1", edited, tmp_path)
     proc = run_cli("--json", "--sglang-source", str(p))
     (t,) = json.loads(proc.stdout)["targets"]
     assert (
@@ -434,6 +454,50 @@ def test_ascii_locale_keeps_the_report(release_files: dict[str, Path], tmp_path:
     )
     doc = run_cli("--json", "--sglang-source", str(path), env=env)
     assert doc.returncode == 1 and json.loads(doc.stdout)["targets"][0]["file"] == str(path)
+
+
+def test_control_characters_in_paths_are_escaped(
+    release_files: dict[str, Path], tmp_path: Path
+) -> None:
+    """A path holding an escape sequence or a newline is printed escaped, in the table and
+    in an error (stderr): it can neither drive the terminal nor forge a line. The JSON
+    document keeps the path as it is (JSON escapes it)."""
+    odd = "x\x1b[31m\ny\u2028"
+    path = package_view("0.5.13.post1", release_files["0.5.13.post1"].read_text(), tmp_path / odd)
+    proc = run_cli("--sglang-source", str(path))
+    assert "\x1b" not in proc.stdout and "\u2028" not in proc.stdout, proc.stdout
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("file: ")]
+    assert line.strip() == f"file: {render.escape(str(path))}" and "\\x1b[31m\\ny" in line
+    doc = json.loads(run_cli("--json", "--sglang-source", str(path)).stdout)
+    assert doc["targets"][0]["file"] == str(path)
+    missing = run_cli("--sglang-source", str(tmp_path / f"{odd}.py"))
+    assert missing.returncode == 2 and "\x1b" not in missing.stderr and "\\x1b" in missing.stderr
+
+
+def test_json_is_one_document_when_interrupted(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C (KeyboardInterrupt) during the audit: exit 130, and with --json still one
+    document; interrupted while printing, no second one."""
+
+    def interrupted(args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(audit, "run", interrupted)
+    assert audit.main(["--json"]) == 130
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_status"] == 130 and doc["error"] == "interrupted" and doc["targets"] == []
+    assert audit.main([]) == 130 and capsys.readouterr().out == ""
+    monkeypatch.undo()
+
+    def write_interrupted(text: str) -> None:
+        print(text[:10], end="")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(audit, "write_stdout", write_interrupted)
+    monkeypatch.setattr(audit, "run", lambda args: (0, [], None))
+    assert audit.main(["--json"]) == 130
+    assert capsys.readouterr().out == '{\n  "exit_st'  # the part printed, and nothing more
 
 
 def test_cli_conventions() -> None:
@@ -898,42 +962,131 @@ def test_load_previews_only_where_the_plugin_is_off_for_the_platform_alone(
 # --------------------------------------------------------------------------- coverage, guard
 
 
-#: What every CI release's own files say about the count (docs/reference.md, "Which paths
-#: pass a count"): only expert-parallel paths pass one; 0.5.23 zeroes DP pad rows on HIP.
-_EP_ONLY = {"ep": "yes", "tp": "no", "dp": "no", "draft": "no"}
+def _facts(rows: list[dict]) -> list[dict]:
+    """A path's facts as SGLang's files give them (the table adds who masks, per form)."""
+    return [{k: v for k, v in r.items() if k != "masked_by"} for r in rows]
 
 
 @pytest.mark.parametrize("label", [r.label for r in releases.RELEASES if r.ci])
-def test_coverage_is_read_from_the_installed_release(
-    label: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_coverage_of_the_installed_release_is_the_table_s(label: str) -> None:
+    """What the audit reads from an installed release's files is what the table, generated
+    from its wheel, says (the 0.5.14 rebuild's other files are 0.5.14's)."""
     rel = releases.BY_LABEL[label]
     require_built(rel)
     root = rel.topk_path().parents[3]
-    monkeypatch.delenv("SGLANG_DP_MASK_PAD_ROWS", raising=False)
-    got = sources.sglang_counts(root)
-    if rel.version == releases.MAIN_RELEASE:
-        assert got == {**_EP_ONLY, "dp": "zeroed"}
-        monkeypatch.setenv("SGLANG_DP_MASK_PAD_ROWS", "0")  # SGLang's own switch, off
-        assert sources.sglang_counts(root) == _EP_ONLY
-    else:
-        assert got == _EP_ONLY
+    got = [r.to_json() for r in paths.rows(paths.dir_tree(root))]
+    assert got == _facts(coverage.table()[rel.version]["rows"])
 
 
-def test_coverage_of_code_it_does_not_know_is_not_guessed(tmp_path: Path) -> None:
-    fbi = tmp_path / "srt" / "model_executor" / "forward_batch_info.py"
-    fbi.parent.mkdir(parents=True)
-    fbi.write_text("def enable_num_token_non_padded():\n    return True\n")
-    assert sources.sglang_counts(tmp_path) is None
-    fbi.write_text(
-        "def enable_num_token_non_padded():\n    return get_parallel().moe_ep_size > 1\n"
+def _table_row(release: str, path: str, family: str = paths.ALL) -> dict:
+    """The row of ``path`` for ``family``; with ``all``, the one row every family shares
+    (the cells that matter equal where the table keeps families apart for their reasons)."""
+    rows = [r for r in coverage.table()[release]["rows"] if r["path"] == path]
+    found = [r for r in rows if r["family"] in (family, paths.ALL)] or rows
+    cells = {(r["count"], r["rows"], r["masked_by"], r["flag"], r["stale"]) for r in found}
+    assert len(cells) == 1, (release, path, family, found)
+    return found[0]
+
+
+def test_the_table_says_what_the_wheels_say() -> None:
+    """The committed table, against what was read by hand off the wheels (file:line in
+    docs/coverage.md): every release 0.5.10rc0 - 0.5.23 has rows, none of 0.5.21 - 0.5.23's
+    known paths reads ``?``, and the cells the audit used to get wrong."""
+    import coverage_table
+
+    t = coverage.table()
+    assert list(t) == list(coverage_table.VERSIONS)
+    assert list(t)[0] == "0.5.10rc0" and list(t)[-1] == "0.5.23"
+    for v, rec in t.items():
+        assert rec["form"] != "?", v
+        tp = _table_row(v, "tp")  # TP: no count, valid forward passes: nothing to mask
+        assert (tp["count"], tp["rows"], tp["masked_by"]) == (
+            "no", paths.VALID, coverage_table.NOTHING_NEEDED), v  # fmt: skip
+        assert _table_row(v, "ep")["count"] == "yes", v
+        assert _table_row(v, "eagle")["count"] == "no", v
+        stale = Version(v) <= Version("0.5.20")  # a capture-time count in TP decode graphs
+        assert bool(tp["stale"]) is stale, v
+        mori = Version(v) >= Version("0.5.15")
+        assert ("SGLANG_MORI_NO_PAD_MASK" in _table_row(v, "ep")["flag"]) is mori, v
+        for fam in rec["families"]:
+            dp = _table_row(v, "dp", fam)
+            zeroed = fam == "deepseek-v4" and Version(v) >= Version("0.5.22")
+            assert dp["count"] == "no", (v, fam)
+            assert dp["rows"] == (paths.ZEROED if zeroed else paths.GATHER), (v, fam)
+            assert ("SGLANG_DP_MASK_PAD_ROWS" in dp["flag"]) is zeroed, (v, fam)
+            assert dp["masked_by"] == (
+                "upstream (zeroed before the gather)" if zeroed
+                else coverage_table.GUARD if rec["plugin_loader"]
+                else "nothing: the plugin cannot load"
+            ), (v, fam)  # fmt: skip
+    for v in ("0.5.21", "0.5.22", "0.5.23"):
+        for r in t[v]["rows"]:
+            assert "?" not in (r["count"],), (v, r)
+        for fam in t[v]["families"]:  # FULL prefill graphs: a count where the TP call asks
+            asks = fam.startswith("deepseek") or v == "0.5.23"
+            assert _table_row(v, "prefill-full", fam)["count"] == ("yes" if asks else "no")
+    assert _table_row("0.5.20", "prefill-full")["count"] == "no"
+    assert _table_row("0.5.16", "dspark")["count"] == "no"  # DSpark's count: 0.5.17 on
+    assert _table_row("0.5.17", "dspark")["count"] == "yes (EP)"
+    assert "world-dp-gather" not in json.dumps(t["0.5.20"])  # 0.5.21's new gate term, read
+    assert "enable_num_token_non_padded() has a condition" not in json.dumps(t)
+
+
+def _tree(files: dict[str, str]) -> paths.Tree:
+    return paths.Tree(files.get, "test")
+
+
+_FBI = "srt/model_executor/forward_batch_info.py"
+_MODEL = "srt/models/deepseek_v2.py"
+_RUNNER = "srt/model_executor/runner/decode_cuda_graph_runner.py"
+
+
+def test_coverage_of_code_it_does_not_know_is_not_guessed() -> None:
+    """A gate condition the reader does not know makes every path ``?`` with the reason;
+    one it knows (an Elastic EP gather, a custom all-to-all, HIP DP zeroing) is read."""
+    model = "def forward_deepep(self, fb):\n    self.topk(x, num_token_non_padded=fb.n)\n"
+    files = {_FBI: "def enable_num_token_non_padded():\n    return True\n", _MODEL: model}
+    rows = paths.rows(_tree(files))
+    assert {r.count for r in rows} == {"?"} and "not know: True" in rows[0].count_why
+    files[_FBI] = (
+        "def enable_num_token_non_padded():\n"
+        "    if get_parallel().moe_ep_size > 1 or world_dp_gather_enabled() or "
+        "get_moe_a2a_backend().is_customized():\n        return True\n"
+        "    return _dp_tp_moe_masks_pad_rows()\n"
+        "def _dp_tp_moe_masks_pad_rows():\n"
+        "    return _is_hip and get_bool_env_var('SGLANG_DP_MASK_PAD_ROWS', default='true') "
+        "and get_parallel().attn_dp_size > 1 and get_moe_a2a_backend().is_none()\n"
     )
-    runner = tmp_path / "srt" / "speculative" / "eagle_draft_cuda_graph_runner.py"
-    runner.parent.mkdir(parents=True)
-    runner.write_text("# TODO(ch-wan): support num_token_non_padded\nx = 1\n")
-    assert sources.sglang_counts(tmp_path) == _EP_ONLY
-    runner.write_text("buffers.num_token_non_padded.fill_(n)\n")  # a runner that sets one
-    assert sources.sglang_counts(tmp_path) == {**_EP_ONLY, "draft": "?"}
+    gate = paths.read_gate(_tree(files))
+    assert gate is not None and not gate.unknown
+    assert gate.terms == ["ep", "world-dp-gather", "custom-a2a", "hip-dp-tp"]
+    assert (gate.dp_env, gate.dp_env_default) == ("SGLANG_DP_MASK_PAD_ROWS", "true")
+    assert gate.on("ep") and gate.on("dp") and not gate.on("tp")
+    got = {r.path: r for r in paths.rows(_tree(files))}
+    assert got["ep"].count == "yes" and got["tp"].count == "no"  # its TP call passes none
+    assert got["tp"].rows == paths.UNKNOWN and got["dp"].rows == paths.UNKNOWN  # not read
+
+
+def test_a_tp_call_that_passes_the_batch_count_is_not_trusted() -> None:
+    """A graph runner that keeps the capture-time count on every path, with a TP call
+    that passes the batch's count: the count that reaches topk would be stale, so it reads
+    ``?``, not "no"; with the call passing none, the stale count is named."""
+    runner = (
+        "def capture(self, buffers):\n"
+        "    fb = ForwardBatch(num_token_non_padded=buffers.num_token_non_padded)\n"
+    )
+    files = {
+        _FBI: "def enable_num_token_non_padded():\n    return get_parallel().moe_ep_size > 1\n",
+        _RUNNER: runner,
+        _MODEL: "def forward_normal(self, fb):\n"
+        "    self.topk(x, num_token_non_padded=fb.num_token_non_padded)\n",
+    }
+    tp = next(r for r in paths.rows(_tree(files)) if r.path == "tp")
+    assert tp.count == "?" and "capture-time" in tp.count_why
+    files[_MODEL] = "def forward_normal(self, fb):\n    self.topk(x)\n"
+    tp = next(r for r in paths.rows(_tree(files)) if r.path == "tp")
+    assert tp.count == "no" and "capture-time value" in tp.stale
+    assert _RUNNER in tp.stale
 
 
 def _view(aiter: Path | None) -> plugins.PluginView:
@@ -977,8 +1130,8 @@ def _aiter_report() -> audit.TargetReport:
 
 
 def _tp8_report(aiter: bool) -> tuple[int, str, dict]:
-    """A TP-8 DeepSeek-R1 server's audit after load_plugins() on SGLang 0.5.13.post1 (its
-    real topk.py and forward_batch_info.py): the SGLang hook live, aiter installed or not."""
+    """A server's audit after load_plugins() on SGLang 0.5.13.post1 (its real files), the
+    SGLang hook live, aiter installed or not."""
     rel = releases.BY_LABEL["0.5.13.post1"]
     require_built(rel)
     path = rel.topk_path()
@@ -996,29 +1149,46 @@ def _tp8_report(aiter: bool) -> tuple[int, str, dict]:
     return exit_status, render.render_table(reports, exit_status, view), sglang.to_json()
 
 
-def _path(cov: dict, label: str) -> dict:
-    return next(p for p in cov["paths"] if p["path"] == coverage.PATHS[label])
+def _path(cov: dict, key: str) -> dict:
+    (p,) = [p for p in cov["paths"] if p["path"] == key]
+    return p
 
 
-def test_tp_server_on_a_hooked_release_is_protected_only_by_the_guard(
+def test_tp_needs_nothing_and_the_guard_covers_dp_only_where_the_moe_reaches_aiter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """TP decode graphs: valid forward passes, nothing to mask, never a hazard. DP attention
+    (uninitialised gather rows): the guard, with SGLANG_USE_AITER=1; with it unset (aiter
+    importable) no path is credited to the guard and the audit says why."""
     _on_rocm(monkeypatch)
     _guard(monkeypatch, HookStatus("guard", "live", None, "sglang-amd-moe: guard live at ..."))
+    monkeypatch.setenv("SGLANG_USE_AITER", "1")
     code, text, t = _tp8_report(aiter=True)
-    cov = t["coverage"]  # the SGLang target needs nothing (the stand-in aiter's drift does)
+    cov = t["coverage"]
     assert not t["needs_attention"] and "read from" in cov["source"]
+    assert cov["reach"]["reaches"] is True and "SGLANG_USE_AITER=1" in cov["reach"]["why"]
+    assert _path(cov, "tp")["protected_by"] == [coverage.NOTHING_NEEDED]
+    assert _path(cov, "tp")["rows"] == paths.VALID and _path(cov, "tp")["stale"]
     assert _path(cov, "ep")["protected_by"] == ["the SGLang hook (live)", "the guard (live)"]
-    for key in ("tp", "dp", "draft"):  # no count there: the guard alone
-        assert _path(cov, key) == {
-            "path": coverage.PATHS[key],
-            "count": "no",
-            "protected_by": ["the guard (live)"],
-        }
-    assert cov["unprotected"] == []
-    assert "guard at its MoE entry: live here (sglang-amd-moe: guard live at ...)" in text
-    tp = next(ln for ln in text.splitlines() if "TP MoE (forward_normal)" in ln)
-    assert tp.split()[-4:] == ["none", "the", "guard", "(live)"], tp
+    assert _path(cov, "dp")["protected_by"] == ["the guard (live)"]
+    assert _path(cov, "dp")["rows"] == paths.GATHER
+    assert cov["unprotected"] == [] and "coverage: nothing masks" not in text
+    tp = next(ln for ln in text.splitlines() if ln.strip().startswith(paths.PATHS["tp"]))
+    assert tp.endswith(coverage.NOTHING_NEEDED), tp
+    for off in ("0", None):
+        if off is None:
+            monkeypatch.delenv("SGLANG_USE_AITER")
+        else:
+            monkeypatch.setenv("SGLANG_USE_AITER", off)
+        code, text, t = _tp8_report(aiter=True)
+        cov = t["coverage"]
+        assert cov["reach"]["reaches"] is False, cov["reach"]
+        assert not any("guard" in by for p in cov["paths"] for by in p["protected_by"]), cov
+        assert "SGLANG_USE_AITER is not set" in cov["guard"], cov["guard"]
+        assert _path(cov, "ep")["protected_by"] == ["the SGLang hook (live)"]
+        assert (
+            paths.PATHS["dp"] in cov["unprotected"] and paths.PATHS["tp"] not in cov["unprotected"]
+        )
 
 
 @pytest.mark.parametrize(
@@ -1030,22 +1200,54 @@ def test_tp_server_on_a_hooked_release_is_protected_only_by_the_guard(
     ],
     ids=["no-guard", "guard-off", "no-aiter"],
 )
-def test_tp_server_without_the_guard_is_not_protected_and_the_audit_says_so(
+def test_dp_without_the_guard_is_not_protected_and_the_audit_says_so(
     monkeypatch: pytest.MonkeyPatch, guard: HookStatus | None, aiter: bool, why: str
 ) -> None:
-    """Exit 0 (what the plugin can fix is fixed), and the table says plainly that the
-    TP, DP and draft paths' padded rows are masked by nothing."""
+    """Exit 0 (what the plugin can fix is fixed), and the table says plainly that DP
+    attention's gathered pad rows are masked by nothing; TP is not listed (nothing to mask)."""
     _on_rocm(monkeypatch)
     _guard(monkeypatch, guard)
+    monkeypatch.setenv("SGLANG_USE_AITER", "1")
     code, text, t = _tp8_report(aiter)
     cov = t["coverage"]
     assert not t["needs_attention"] and cov["guard"].startswith(why), cov["guard"]
-    assert cov["unprotected"] == [coverage.PATHS[k] for k in ("tp", "dp", "draft")]
+    assert cov["unprotected"] == [paths.PATHS["dp"]]
     assert _path(cov, "ep")["protected_by"] == ["the SGLang hook (live)"]
     summary = next(ln for ln in text.splitlines() if ln.startswith("coverage: nothing masks"))
-    assert "TP MoE (forward_normal)" in summary and why in summary, summary
+    assert paths.PATHS["dp"] in summary and why in summary and "decode" not in summary, summary
     if not aiter:  # the caveat stands beside an exit 0
         assert code == 0 and text.rstrip().endswith("OK: nothing needs action (exit 0)")
+
+
+def test_sglang_s_own_switches_are_reported_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLANG_MORI_NO_PAD_MASK (0.5.15 on) is named when set; SGLANG_DP_MASK_PAD_ROWS=0
+    takes DeepSeek-V4's own DP zeroing away, and the guard is what is left (0.5.23)."""
+    rel = releases.BY_LABEL[releases.MAIN_RELEASE]
+    require_built(rel)
+    _on_rocm(monkeypatch)
+    _guard(monkeypatch, HookStatus("guard", "live", None, "sglang-amd-moe: guard live at ..."))
+    monkeypatch.setenv("SGLANG_USE_AITER", "1")
+    path = rel.topk_path()
+
+    def cov() -> dict:
+        rep = read.build_report(read.SGLANG, path, path.read_text(), "sglang", rel.version,
+                                given=False)  # fmt: skip
+        reports = [rep, _aiter_report()]
+        for r in reports:
+            verdict.conclude(r, _view(STANDIN))
+        coverage.attach(reports, True)
+        return rep.coverage
+
+    c = cov()
+    v4 = next(p for p in c["paths"] if p["path"] == "dp" and p["family"] == "deepseek-v4")
+    assert v4["protected_by"] == [coverage.ZEROED] and c["notes"] == []
+    monkeypatch.setenv("SGLANG_MORI_NO_PAD_MASK", "1")
+    monkeypatch.setenv("SGLANG_DP_MASK_PAD_ROWS", "0")
+    c = cov()
+    v4 = next(p for p in c["paths"] if p["path"] == "dp" and p["family"] == "deepseek-v4")
+    assert v4["protected_by"] == ["the guard (on load)"], v4
+    assert coverage.MORI_SET in c["notes"]
+    assert any("SGLANG_DP_MASK_PAD_ROWS=0" in n for n in c["notes"]), c["notes"]
 
 
 def test_guard_state_is_read_like_the_aiter_hooks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1148,28 +1350,32 @@ def test_load_off_rocm_gives_the_plugins_own_reason(
 def test_patch_command_for_a_dash_name_and_a_symlink(
     release_files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--sglang-source ./-topk.py`: the command must not read the name as options (it
-    once wrote an unrelated pk.py); a symlink is patched where it points (GNU patch
-    refuses a link)."""
+    """`--sglang-source -img/.../topk.py`: the command must not read the name as options
+    (it once wrote an unrelated pk.py); a symlink is patched where it points (GNU patch
+    refuses a link). Both inside a view of the release's package, as in an image."""
     monkeypatch.chdir(tmp_path)
     src = release_files["0.5.13.post1"].read_text()
-    Path("-topk.py").write_text(src)
-    Path("real.py").write_text(src)
-    Path("link.py").symlink_to("real.py")
+    dash = package_view("0.5.13.post1", src, tmp_path / "-img").relative_to(tmp_path)
+    link = package_view("0.5.13.post1", src, tmp_path / "img")
+    real = tmp_path / "real.py"
+    real.write_text(src)
+    link.unlink()
+    link.symlink_to(real)
     name = patching.patch_for("sglang", "weights-only")
-    for arg, patched in (("./-topk.py", "-topk.py"), ("link.py", "real.py")):
-        rep = read.given_file(read.SGLANG, Path(arg))
-        verdict.conclude(rep, None)
-        assert rep.apply_command == patching.apply_command(rep.file, name)
-        target = "./-topk.py" if patched == "-topk.py" else str(tmp_path / "real.py")
-        assert f" {target} " in rep.apply_command, rep.apply_command
+    for arg, patched in ((str(dash), dash), (str(link), real)):
+        proc = run_cli("--json", f"--sglang-source={arg}", cwd=tmp_path)
+        (t,) = json.loads(proc.stdout)["targets"]
+        assert t["form"] == "weights-only", t["reason"]
+        assert t["apply_command"] == patching.apply_command(t["file"], name)
+        target = f"./{dash}" if patched == dash else str(real)
+        assert f" {target} " in t["apply_command"], t["apply_command"]
         if shutil.which("patch") is not None:
-            proc = subprocess.run(["bash", "-c", rep.apply_command], capture_output=True, text=True)
+            proc = subprocess.run(
+                ["bash", "-c", t["apply_command"]], capture_output=True, text=True
+            )
             assert proc.returncode == 0, proc.stdout + proc.stderr
             assert Path(patched).read_text() == patching.apply_text(src, patching.read_patch(name))
-    assert (
-        sorted(os.listdir()) == ["-topk.py", "link.py", "real.py"] and Path("link.py").is_symlink()
-    )
+    assert link.is_symlink() and sorted(os.listdir()) == ["-img", "img", "real.py"]
 
 
 # --------------------------------------------------------------------------- the patch probe, run
@@ -1262,7 +1468,7 @@ def patch_probe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict
         [str(rel.python), "-c", _PATCH_PROBE_SCRIPT, str(cases)],
         capture_output=True,
         text=True,
-        cwd=REPO,
+        cwd=outside_tree(),
         env=switches_off("TRITON_INTERPRET"),
         timeout=600,
     )
