@@ -27,6 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_amd_moe.kernels import mxfp4_moe_sort_reference
+from sglang_release_support import outside_tree
 
 from sglang_amd_moe.diagnostics import check, demo
 from sglang_amd_moe.diagnostics.e2e import run, sglang_calls, table
@@ -39,7 +40,8 @@ from sglang_amd_moe.runtime.sglang import ledger
 REPO = Path(__file__).resolve().parents[1]
 
 ROW = re.compile(
-    r"^(?P<source>installed|rebuilt): (?P<form>\S+)\s+(?P<n>\d+) of (?P<m>\d+) \|\s+(?P<err>\S+)\s+"
+    r"^(?P<source>installed|rebuilt|no-count): (?P<form>\S+(?: \S+)*?)\s+(?P<n>\d+) of (?P<m>\d+) "
+    r"\|\s+(?P<err>\S+)\s+"
     r"(?P<nan>\d+)\s+(?P<bad>\d+)/\d+\s+(?P<oor>\d+) \| (?P<with>.*)$"
 )
 
@@ -73,7 +75,9 @@ def test_check_cli_installed_release(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "result: PASS" in proc.stdout
     assert doc["ok"] is True
-    assert len(rows) == 6, proc.stdout  # 2 forms x 3 batches, all in the printed table
+    # 2 forms x 3 batches, and the no-count rows, all in the printed table
+    assert len(rows) == 6 + len(run.NO_COUNT_BATCHES), proc.stdout
+    _assert_no_count_rows(rows, doc)
 
     installed = [r for r in rows if r["source"] == "installed"]
     rebuilt = [r for r in rows if r["source"] == "rebuilt"]
@@ -99,8 +103,33 @@ def test_check_cli_installed_release(tmp_path: Path) -> None:
     assert rebuilt_form["hook_live"] is True  # the plugin hooked the rebuilt function
 
 
+def _assert_no_count_rows(rows: list[dict], doc: dict) -> None:
+    """The no-count rows: without the plugin, garbage reaches the sort and real rows come
+    out wrong; with it the guard turns the ids out of range into expert 0 (its counters
+    say how many, over the model's 4 MoE calls) and the real rows match exactly."""
+    table = [r for r in rows if r["source"] == "no-count"]
+    assert {(int(r["n"]), int(r["m"])) for r in table} == set(run.NO_COUNT_BATCHES)
+    for r in table:
+        assert int(r["oor"]) > 0 and int(r["nan"]) > 0 and int(r["bad"]) > 0, r
+        assert r["with"].startswith("exact; guard: "), r
+    with_ = [r for r in doc["with_plugin"] if r["source"] == "no-count"]
+    assert len(with_) == len(run.NO_COUNT_BATCHES)
+    for r in with_:
+        assert r["compare"]["match"] == "exact" and r["out_of_range_ids"] == 0, r
+        assert r["guard"]["calls"] == 4 and r["guard"]["out_of_range"] > 0, r
+        assert r["guard"]["past_count"] == 0 and r["guard"]["real_out_of_range"] == 0, r
+        assert f"guard: {r['guard']['out_of_range']} ids out of range" in " ".join(
+            t["with"] for t in rows if (int(t["n"]), t["source"]) == (r["real"], "no-count")
+        )
+    without = [r for r in doc["without_plugin"] if r["source"] == "no-count"]
+    assert all(r["guard"] is None and r["compare"]["match"] == "MISMATCH" for r in without)
+    form = next(f for f in doc["forms"] if f["source"] == "no-count")
+    assert form["hook_live"] is True and "guard live" in form["hook_message"]
+
+
 DEMO_ROW = re.compile(
-    r"^(?P<version>\S+)\s+(?P<n>\d+) of (?P<m>\d+) \|\s+(?P<nan>\d+)\s+(?P<bad>\d+)/\d+\s+"
+    r"^(?P<version>\S+)\s+(?P<n>\d+) of (?P<m>\d+)(?P<no_count> \*)? \|\s+(?P<nan>\d+)\s+"
+    r"(?P<bad>\d+)/\d+\s+"
     r"(?P<ids>\d+)\s+\| (?P<with>.*)$"
 )
 
@@ -121,7 +150,7 @@ def test_demo_shows_the_bug_and_the_fix_on_a_real_release(tmp_path: Path) -> Non
         capture_output=True,
         text=True,
         timeout=900,
-        cwd=REPO,
+        cwd=outside_tree(),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     screen = proc.stdout.splitlines()
@@ -129,11 +158,14 @@ def test_demo_shows_the_bug_and_the_fix_on_a_real_release(tmp_path: Path) -> Non
     assert not any("ERROR" in ln or "Traceback" in ln for ln in screen), proc.stdout
     assert proc.stderr == "", proc.stderr
     rows = [m.groupdict() for ln in screen if (m := DEMO_ROW.match(ln))]
-    assert len(rows) == len(run.BATCHES), proc.stdout
+    assert len(rows) == len(run.BATCHES) + len(run.NO_COUNT_BATCHES), proc.stdout
     for r in rows:
         assert r["version"] == "0.5.13.post1", r
         assert int(r["nan"]) > 0 and int(r["bad"]) > 0 and int(r["ids"]) > 0, r
-        assert r["with"] == "exact", r
+        if r["no_count"]:
+            assert re.fullmatch(r"exact; guard changed [1-9]\d* ids", r["with"]), r
+        else:
+            assert r["with"] == "exact", r
     assert any(
         ln.startswith("0.5.13.post1  weights-only   hooked (mask padded ids to 0") for ln in screen
     ), proc.stdout
@@ -142,7 +174,7 @@ def test_demo_shows_the_bug_and_the_fix_on_a_real_release(tmp_path: Path) -> Non
 
     doc = json.loads((out / "check-0.5.13.post1.json").read_text())
     assert doc["sglang"] == "0.5.13.post1" and doc["ok"] is True
-    assert [f["form"] for f in doc["forms"]] == ["weights-only"]
+    assert [f["form"] for f in doc["forms"]] == ["weights-only", "aiter fused_moe entry"]
     for row in doc["without_plugin"]:
         assert row["compare"]["nan_count"] > 0 and row["out_of_range_ids"] > 0, row
     for row in doc["with_plugin"]:

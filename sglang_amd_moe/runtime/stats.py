@@ -264,3 +264,21 @@ def reset() -> None:
         _PINNED.clear()
         _ENABLED.clear()
         _STATE.update(next_due=0.0, pending=None, logged={}, warned=False)
+
+
+def audit_view() -> dict[str, Any]:
+    """What ``audit --load`` reports of this process's counters (read on a side stream)."""
+    return {"enabled": enabled(), "counts": counts(wait=True) if enabled() else {}}
+
+
+def audit_lines() -> list[str]:
+    """The table lines of :func:`audit_view`."""
+    if not enabled():
+        return ["counters: off (SGLANG_AMD_MOE_STATS=0)"]
+    now = counts(wait=True)
+    if not now:
+        return [
+            "counters (this process): no guard or mask call ran here; a server logs "
+            "`sglang-amd-moe stats:` lines (docs/reference.md: the counters)"
+        ]
+    return [f"counters (this process): {line(t, v)}" for t, v in sorted(now.items())]

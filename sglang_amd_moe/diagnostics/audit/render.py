@@ -12,7 +12,7 @@ from sglang_amd_moe.diagnostics import patching, sources
 from sglang_amd_moe.diagnostics.audit import coverage, plugins, read
 from sglang_amd_moe.diagnostics.audit.plugins import PluginView
 from sglang_amd_moe.diagnostics.audit.read import TargetReport
-from sglang_amd_moe.runtime import env
+from sglang_amd_moe.runtime import env, stats
 from sglang_amd_moe.runtime.sglang import names
 
 _DIFF_FUNCS = {read.SGLANG: (names.FUNCTION_NAME,)}
@@ -116,6 +116,8 @@ def render_table(reports: list[TargetReport], exit_status: int, view: PluginView
     problems = view.problems if view is not None else []
     lines.extend(escape(f"!! environment: {p}") for p in problems)
     lines.extend(escape(f"note: {n}") for n in platform_notes(reports, view))
+    if view is not None and view.loaded:  # --load: this process's counters
+        lines.extend(escape(x) for x in stats.audit_lines())
     cov = next((r.coverage for r in reports if r.coverage), None)
     if cov and cov["unprotected"]:
         lines.append(
@@ -147,6 +149,8 @@ def render_json(
         "attention": attention(reports, view),
         "notes": platform_notes(reports, view),
     }
+    if view is not None and view.loaded:  # --load: this process's counters
+        doc["counters"] = stats.audit_view()
     if diff:
         doc["diff"] = {r.target: d for r in reports if (d := function_diff(r))}
     return json.dumps(doc, indent=2) + "\n"
