@@ -497,7 +497,7 @@ def test_json_is_one_document_when_interrupted(
     monkeypatch.setattr(audit, "write_stdout", write_interrupted)
     monkeypatch.setattr(audit, "run", lambda args: (0, [], None))
     assert audit.main(["--json"]) == 130
-    assert capsys.readouterr().out == '{\n  "exit_st'  # the part printed, and nothing more
+    assert capsys.readouterr().out == '{\n  "exit_'  # the part printed, and nothing more
 
 
 def test_cli_conventions() -> None:
