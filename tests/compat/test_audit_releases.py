@@ -16,9 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import releases
-from sglang_release_support import require_built, switches_off
+from sglang_release_support import outside_tree, require_built, switches_off
 
 from sglang_amd_moe.diagnostics import patching
+from sglang_amd_moe.diagnostics.audit import coverage
 
 CI = [pytest.param(rel.label, id=rel.label) for rel in releases.RELEASES if rel.ci]
 
@@ -39,7 +40,7 @@ def _audit(
         text=True,
         timeout=600,
         env={**switches_off("TRITON_INTERPRET"), **(env or {})},
-        cwd=releases.REPO,
+        cwd=outside_tree(),
     )
 
 
@@ -73,7 +74,11 @@ def test_audit_matches_expected_form(label: str) -> None:
         assert sg["hook"] == "no loader"
         assert "no plugin loader" in sg["reason"] and "cannot load" in sg["reason"]
         assert sg["action"].startswith("none here; "), sg["action"]
-        assert sg["apply_command"] == patching.apply_command(sg["file"], expected_patch)
+        # The patch the release's own (installed) copy of this package ships.
+        here = patching.apply_command(sg["file"], expected_patch)
+        shipped = here.replace(patching.patch_path(expected_patch), sg["patch_file"])
+        assert sg["patch_file"].endswith(f"/sglang_amd_moe/patches/{expected_patch}")
+        assert sg["apply_command"] == shipped
     elif expected_patch is not None:
         assert sg["hook"] == "on load" and sg["covered"] is True
         assert sg["action"].startswith("hooked"), sg["action"]
@@ -82,24 +87,32 @@ def test_audit_matches_expected_form(label: str) -> None:
         assert any("not a ROCm build" in n for n in doc["notes"]), doc["notes"]
     aiter = next(t for t in doc["targets"] if t["target"] == "aiter")
     assert aiter["form"] == "not installed" and not aiter["needs_attention"]
-    # Coverage, read from the release's own files: only expert-parallel paths pass a count;
-    # without aiter (no guard) nothing masks the padded rows of a TP MoE.
+    # Coverage, read from the release's own files, is what the table (generated from the
+    # release's wheel) says, path by path and family by family; TP needs nothing, and
+    # without aiter (no guard) nothing masks the gathered pad rows of DP attention.
     cov = sg["coverage"]
-    assert cov["source"].startswith("read from this SGLang's forward_batch_info.py"), cov
-    counts = {p["path"]: p["count"] for p in cov["paths"]}
-    assert counts["expert parallel, all-to-all (DeepEP, mori)"] == "yes", counts
-    assert counts["TP MoE (forward_normal)"] == counts["EAGLE/MTP draft graphs"] == "no", counts
-    assert "TP MoE (forward_normal)" in cov["unprotected"]
+    assert cov["source"] == "read from this SGLang's files", cov["source"]
+    table = coverage.table()[rel.version]["rows"]
+    got = [{k: p[k] for k in ("path", "family", "count", "rows", "flag", "stale")}
+           for p in cov["paths"]]  # fmt: skip
+    assert got == [{k: r[k] for k in ("path", "family", "count", "rows", "flag", "stale")}
+                   for r in table]  # fmt: skip
+    tp = next(p for p in cov["paths"] if p["path"] == "tp")
+    assert tp["protected_by"] == [coverage.NOTHING_NEEDED], tp
+    assert "TP MoE, decode graphs" not in cov["unprotected"]
+    assert any(name.startswith("DP attention, TP MoE") for name in cov["unprotected"])
+    assert cov["reach"]["reaches"] is False and cov["reach"]["why"] == "aiter is not installed"
     assert bool(doc["attention"]) is (rel.expected_audit_exit == 1), doc["attention"]
     # The table says the same in five seconds.
     text = _audit(rel)
     assert text.returncode == rel.expected_audit_exit
-    first, row = text.stdout.splitlines()[:2]
+    head, first, row = text.stdout.splitlines()[:3]
+    assert head.startswith("sglang-amd-moe ") and head.endswith(f" audit of {rel.python}"), head
     assert first.split() == ["TARGET", "INSTALLED", "FORM", "HOOK", "PATCH", "PATCH", "STATUS"]
     assert row.split()[:4] == ["sglang", "sglang", rel.version, rel.expected_form]
     assert text.stdout.rstrip().endswith(f"(exit {rel.expected_audit_exit})")
     (summary,) = [ln for ln in text.stdout.splitlines() if ln.startswith("coverage: nothing")]
-    assert "TP MoE (forward_normal)" in summary, summary
+    assert "DP attention, TP MoE" in summary and "decode graphs" not in summary, summary
 
 
 _LOADS: dict[tuple[str, bool], tuple[int, dict]] = {}
