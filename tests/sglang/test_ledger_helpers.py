@@ -7,6 +7,7 @@ Real release sources throughout; the registry is a list the tests give."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import json
 import shutil
@@ -58,8 +59,16 @@ def expected_form(source: str) -> str:
 
 
 def _read(version: str, text: str | None = None, modules=None) -> ledger.Reading:
+    if text is None and modules is None:
+        return _release(version)
     text = ledger_tool.wheel_topk(version) if text is None else text
     return ledger.read(text, modules=modules or ledger_tool.wheel_modules(version))
+
+
+@functools.cache
+def _release(version: str) -> ledger.Reading:
+    """The release's own topk.py, read with its own modules (once per test process)."""
+    return ledger.read(ledger_tool.wheel_topk(version), modules=ledger_tool.wheel_modules(version))
 
 
 # --------------------------------------------------------------------- forms kept
@@ -161,6 +170,9 @@ def test_the_appended_line_that_disables_the_mask_is_unknown() -> None:
         ("def _later():\n    global _mask_topk_ids_padded_region\n"
          "    _mask_topk_ids_padded_region = len", "declared global"),
         ("_mask_topk_ids_padded_region.__code__ = len.__code__", ".__code__ is written"),
+        ("import sys\nsetattr(sys.modules[__name__], '_post_process_topk_ids', len)",
+         "_post_process_topk_ids of topk.py is rebound"),
+        ("_post_process_topk_ids.__code__ = len.__code__", "_post_process_topk_ids.__code__"),
     ],
 )  # fmt: skip
 def test_a_name_the_body_uses_written_by_other_means_is_unknown(tail: str, why: str) -> None:

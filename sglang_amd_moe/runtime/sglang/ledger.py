@@ -165,6 +165,8 @@ def read(
         cover = _covered(module_text, function_source, tree, fn, modules)
     except RecursionError:  # a pathological text: no fingerprint, never a known one
         return Reading(binding="it is nested too deeply to read", **common)
+    except Exception as exc:  # a text this reader does not expect: unknown, never known
+        return Reading(binding=f"it could not be read ({type(exc).__name__}: {exc})", **common)
     fingerprint = cover.fingerprint if cover.full else cover.local
     table = entries() if cover.full else by_local()
     known = table.get(fingerprint) if not (binding or cover.rebound) else None
@@ -790,6 +792,9 @@ def _rebinds(
     """Why a name ``mod``'s covered code uses may not be what its statements bind it to,
     and the line of ``mod`` that says so."""
     where = "topk.py" if mod is root else mod.name
+    # and the function itself: the text binds it once, yet this would swap what runs
+    watched = {id(m): m.needed | ({names.FUNCTION_NAME} if m is root else set()) for m in
+               [x for x in mods.values() if x is not None]}  # fmt: skip
     for n, line in mod.facts.declared_global:
         if n in mod.needed and (mod is root or _is_code(mod, n)):
             yield f"{n} is declared global at {where} line {line}", line
@@ -802,7 +807,7 @@ def _rebinds(
         elif ref in aliases:
             target = mods.get(aliases[ref])
         else:  # an attribute of one of its own objects: a function's code, say
-            if mod is root and ref in mod.needed and _is_code(mod, ref, functions=True):
+            if mod is root and ref in watched[id(mod)] and _is_code(mod, ref, functions=True):
                 yield f"{ref}.{key} is written at {where} line {line}", line
             continue
         if target is None:
@@ -810,7 +815,7 @@ def _rebinds(
         tw = "topk.py" if target is root else target.name
         if key is None:
             yield f"{where} line {line} writes names of {tw} it computes", line
-        elif key in target.needed:
+        elif key in watched[id(target)]:
             yield f"{key} of {tw} is rebound at {where} line {line}", line
 
 
