@@ -43,6 +43,11 @@ from sglang_amd_moe.runtime.sglang.child import SCHEMA
 from sglang_amd_moe.runtime.sglang.probe import ProbeResult
 
 CHILD_MODULE = "sglang_amd_moe.runtime.sglang.child"
+# The child's first lines: the server's sys.path before anything is imported from it.
+_BOOT = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+    f"from {CHILD_MODULE} import main; main()"
+)
 #: The child's time limit (``SGLANG_AMD_MOE_PROBE_TIMEOUT``): importing SGLang's topk in
 #: a fresh interpreter takes 6-10 s on a quiet 2-core machine, and several times that
 #: while other processes start beside it.
@@ -169,21 +174,25 @@ def run_child(
     """Start the child, give it ``request``, wait at most ``limit`` seconds (then kill it
     and everything it started): ``(document, "", seconds)`` or ``(None, why, seconds)``."""
     limit = timeout() if limit is None else limit
-    child_env = {**os.environ, **CHILD_ENV}
-    path = [p for p in sys.path if isinstance(p, str)]
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the server's working directory was removed
+        cwd = tempfile.gettempdir()
+    # The server's path exactly, its working directory spelled out ("" means it).
+    path = [p or cwd for p in sys.path if isinstance(p, str)]
+    child_env = {**os.environ, **CHILD_ENV, "PYTHONPATH": os.pathsep.join(path)}
     request = {**request, "sys_path": path}
     t0 = time.monotonic()
     if not sys.executable:
         return None, "this interpreter does not know its own executable", 0.0
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", CHILD_MODULE],
+            [sys.executable, "-c", _BOOT, json.dumps(path)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=child_env,
-            cwd=tempfile.gettempdir(),
+            cwd=cwd,
             close_fds=True,
             start_new_session=True,  # its own process group: killed with what it starts
         )
