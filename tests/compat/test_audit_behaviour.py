@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import releases
-from sglang_release_support import require_built, switches_off
+from sglang_release_support import outside_tree, require_built, switches_off
 from variants import edit, overlay
 from variants.catalog import GUARD, NOHIP, WEIGHTS, fixed14
 
@@ -86,7 +86,7 @@ def _audit(rel: releases.Release, ov: Path, args: tuple[str, ...], extra: dict) 
         text=True,
         timeout=600,
         env=_env(extra, ov),
-        cwd=releases.REPO,
+        cwd=outside_tree(),
     )
     assert proc.stdout, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
@@ -205,7 +205,7 @@ def test_preview_changes_nothing_and_decides_what_install_decides() -> None:
         text=True,
         timeout=600,
         env=_env({}),
-        cwd=releases.REPO,
+        cwd=outside_tree(),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])

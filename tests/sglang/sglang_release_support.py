@@ -10,10 +10,12 @@ run to those labels and requires them built (``make compat`` uses it).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,6 +77,15 @@ def topk_source_path(rel) -> Path:
     if path is None:
         pytest.fail(f"{rel.label}: no sglang/srt/layers/moe/topk.py under {rel.venv}")
     return path
+
+
+@functools.cache
+def outside_tree() -> str:
+    """An empty working directory outside the repository, for a release's interpreter:
+    ``python -m`` and ``python -c`` put the working directory first on ``sys.path``, and
+    from the repository root they would import the source tree instead of the wheel the
+    release environment runs (``releases.py install-wheel``)."""
+    return tempfile.mkdtemp(prefix="sglang-amd-moe-cwd-")
 
 
 def switches_off(*also: str) -> dict[str, str]:

@@ -10,7 +10,13 @@ import json
 import subprocess
 
 import pytest
-from sglang_release_support import driver_env, releases, require_built, selected_releases
+from sglang_release_support import (
+    driver_env,
+    outside_tree,
+    releases,
+    require_built,
+    selected_releases,
+)
 
 SCRIPT = r"""
 import ast, json, sys
@@ -51,6 +57,7 @@ def test_load_imports_nothing_heavy_and_parses_topk_once(label: str) -> None:
     require_built(rel)
     proc = subprocess.run(
         [str(rel.python), "-c", SCRIPT],
+        cwd=outside_tree(),
         env=driver_env("plugin"),
         capture_output=True,
         text=True,
