@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -286,7 +285,7 @@ def _covered(
         return _package_module(root, name)
 
     key = hashlib.sha256(
-        "\0".join([_CODE_VERSION, str(root), text, function_source or ""]).encode()
+        "\0".join([_code_version(), str(root), text, function_source or ""]).encode()
     ).hexdigest()
     cached = _cache_get(key, root)
     if cached is not None:
@@ -340,6 +339,8 @@ def _cache_get(key: str, root: Path | None) -> _Result | None:
 
 
 def _cache_put(key: str, looked: dict[str, Any], result: _Result) -> None:
+    import tempfile  # only when a result is written
+
     path = _cache_file(key)
     if path is None:
         return
@@ -356,6 +357,7 @@ def _cache_put(key: str, looked: dict[str, Any], result: _Result) -> None:
             os.unlink(f.name)
 
 
+@functools.cache
 def _code_version() -> str:
     """This module's own text: a result written by another version of the cover is not
     used."""
@@ -363,9 +365,6 @@ def _code_version() -> str:
         return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     except OSError:
         return "unknown"
-
-
-_CODE_VERSION = _code_version()
 
 
 NOT_READ = "; its helpers in other modules were not read (no SGLang package beside it)"
