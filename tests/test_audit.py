@@ -1567,3 +1567,55 @@ def test_patch_that_fails_the_probe_on_a_real_release_is_not_offered(
     row = next(ln for ln in run["table"].splitlines() if ln.startswith("sglang  sglang"))
     assert row.endswith(f"{_WEIGHTS}  {audit.PATCH_FAILS_PROBE}"), row
     assert "to patch the file instead" not in run["table"]
+
+
+# --------------------------------------------------------------------------- the guard's reach
+
+
+@pytest.mark.parametrize(
+    ("environ", "argv", "aiter", "reaches", "words"),
+    [
+        ({}, ["x"], True, False, "SGLANG_USE_AITER is not set and no --moe-runner-backend"),
+        ({"SGLANG_USE_AITER": "0"}, ["x"], True, False, "SGLANG_USE_AITER is not set"),
+        ({"SGLANG_USE_AITER": "False"}, None, True, False, "a server given --moe-runner-backend"),
+        ({"SGLANG_USE_AITER": "1"}, ["x"], True, True, "SGLANG_USE_AITER=1 and no --moe-runner"),
+        ({"SGLANG_USE_AITER": "TRUE"}, None, True, True, "does not reach it"),
+        ({"SGLANG_INT4_WEIGHT": "1"}, ["x"], True, True, "SGLANG_INT4_WEIGHT=1"),
+        ({"SGLANG_USE_AITER": "1"}, ["x", "--moe-runner-backend", "triton"], True, False, "triton"),
+        ({}, ["x", "--moe-runner-backend=aiter"], True, True, "--moe-runner-backend aiter"),
+        ({"SGLANG_USE_AITER": "1"}, ["x"], False, False, "aiter is not installed"),
+    ],
+)
+def test_reach_reads_the_environment_and_the_command_line(
+    environ: dict[str, str], argv: list[str] | None, aiter: bool, reaches: bool, words: str
+) -> None:
+    from sglang_amd_moe.runtime.aiter import reach
+
+    got = reach.sglang_moe(environ, argv, aiter_installed=aiter, paths=())
+    assert got.reaches is reaches and words in got.describe(), got
+
+
+def test_reach_names_the_paths_past_the_guard(tmp_path: Path) -> None:
+    """The bypasses are named from the installed files (0.5.23's SGLang has both), and
+    outside SGLang (vLLM) the guard's log line says nothing of SGLang's MoE."""
+    from sglang_amd_moe.runtime.aiter import reach
+
+    sglang, aiter = tmp_path / "sglang", tmp_path / "aiter"
+    assert reach.bypasses(sglang, aiter) == ()
+    for rel in reach.SGLANG_BYPASSES:
+        (sglang / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sglang / rel).write_text("")
+    (aiter / "fhmoe").mkdir(parents=True)
+    found = reach.bypasses(sglang, aiter)
+    assert [w.split()[0] for w in found] == ["FlyDSL", "the", "aiter's"], found
+    assert "MegaMoEV2" in found[0] and "W4A8" in found[1] and "FHMoE" in found[2]
+    main = releases.BY_LABEL[releases.MAIN_RELEASE]
+    require_built(main)
+    assert len(reach.bypasses(main.topk_path().parents[3], None)) == 2
+    hidden = {k: v for k, v in sys.modules.items() if k == "sglang" or k.startswith("sglang.")}
+    try:
+        for k in hidden:
+            del sys.modules[k]
+        assert reach.this_process() == ""
+    finally:
+        sys.modules.update(hidden)

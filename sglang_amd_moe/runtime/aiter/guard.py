@@ -28,6 +28,7 @@ import types
 from typing import Any
 
 from sglang_amd_moe.runtime import env, stats
+from sglang_amd_moe.runtime.aiter import reach
 from sglang_amd_moe.runtime.aiter.base import TARGET, ModuleTarget, our_kernels, plain_guard
 from sglang_amd_moe.runtime.aiter.forms import GUARD_ENTRIES, guard_entry_problem
 from sglang_amd_moe.runtime.target import Args, Gate, HookStatus, find_marked, mark, params_of
@@ -123,6 +124,7 @@ class GuardHook(ModuleTarget):
             f"guard live at {where}: ids < 0 or >= E (and rows past num_local_tokens) reach "
             "aiter as expert 0 with weight 0, on new tensors"
         )
+        text += f"; {moe}" if (moe := reach.this_process()) else ""  # where SGLang's MoE goes
         return self.record(self.make_status("live", entry, text, patched=patched))
 
 

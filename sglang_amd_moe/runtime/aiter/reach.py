@@ -55,7 +55,8 @@ def _flag(environ: Mapping[str, str], name: str) -> bool:
 
 
 def runner_backend(argv: Sequence[str]) -> str:
-    """``--moe-runner-backend`` from a server's command line ("auto" when absent)."""
+    """``--moe-runner-backend`` from a server's command line ("auto" when absent; an
+    ``Engine`` given its backend in code, not on the command line, reads as "auto")."""
     for i, arg in enumerate(argv):
         if arg == "--moe-runner-backend" and i + 1 < len(argv):
             return argv[i + 1]
@@ -110,16 +111,23 @@ def sglang_moe(
     if backend not in (None, "auto"):
         why = f"--moe-runner-backend {backend}: SGLang's MoE runs {backend}, not aiter's fused_moe"
         return Reach(False, why, found)
+    said = "--moe-runner-backend auto" if _given(argv) else "no --moe-runner-backend (auto)"
     if use:
-        why = (
-            f"{'=1, '.join(use)}=1 with the auto MoE runner: aiter's fused_moe where the "
-            "quantization method has an aiter path"
-        )
+        why = f"{'=1, '.join(use)}=1"
+        why += f" and {said}" if backend else " with the auto MoE runner"
+        why += ": aiter's fused_moe where the quantization method has an aiter path"
         later = "; a server given another --moe-runner-backend does not reach it"
         return Reach(True, why if backend else why + later, found)
-    why = "SGLANG_USE_AITER is not set: the auto MoE runner uses Triton's fused_moe, never aiter's"
+    why = "SGLANG_USE_AITER is not set"
+    why += f" and {said}" if backend else ""
+    why += ": the auto MoE runner uses Triton's fused_moe, never aiter's"
     later = "; a server given --moe-runner-backend aiter reaches it"
     return Reach(False, why if backend else why + later, found)
+
+
+def _given(argv: Sequence[str] | None) -> bool:
+    return any(a == "--moe-runner-backend" or a.startswith("--moe-runner-backend=")
+               for a in argv or ())  # fmt: skip
 
 
 def this_process() -> str:
