@@ -33,7 +33,9 @@ Cases:
   ``unknown-imported-cold`` and ``unknown-imported-warm`` (topk imported before the plugin).
 
 Every row with the plugin on records where its verdicts came from (``verdicts``: the
-``source`` of each run, ``child_s``: the child's time as the log line gives it).
+``source`` of each run, ``child_s``: the child's time as the log line gives it), and the
+process's CPU time in the window next to the wall time (``*_cpu_s``): on a machine other
+jobs load, the wall time stretches with the load, the CPU time much less.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def _collection(phase, info):  # time spent collecting inside the measured windo
     else:
         gc_s[0] += time.perf_counter() - gc_t[0]
         gc_full[0] += info["generation"] == 2
-at_import = [0.0]  # topk-later: the plugin's callbacks that run at topk's import
+at_import = [0.0, 0.0]  # topk-later: the plugin's callbacks at topk's import (wall, CPU)
 if case == "topk-later" and load_plugins is not None:  # no loader: register() is timed
     load_plugins()
     try:
@@ -82,16 +84,17 @@ if case == "topk-later" and load_plugins is not None:  # no loader: register() i
         _target = None
     def _timed(cb):
         def run(module):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             try:
                 cb(module)
             finally:
                 at_import[0] += time.perf_counter() - t0
+                at_import[1] += time.process_time() - c0
         return run
     for _name, _cbs in (_target._WATCHED.items() if _target else ()):
         _cbs[:] = [_timed(cb) for cb in _cbs]
 gc.callbacks.append(_collection)
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 if case == "bare" or load_plugins is None:
     if sys.argv[2] == "on":
         from sglang_amd_moe.runtime.plugin import register
@@ -100,7 +103,7 @@ elif case == "topk-later":
     importlib.import_module("sglang.srt.layers.moe.topk")
 else:
     load_plugins()
-s = time.perf_counter() - t
+s, cpu = time.perf_counter() - t, time.process_time() - c
 gc.callbacks.remove(_collection)
 verdict = {}
 hook = sys.modules.get("sglang_amd_moe.runtime.sglang.hook")
@@ -108,7 +111,8 @@ status = hook.status() if hook is not None else None
 if status is not None:
     verdict = dict(status.detail.get("verdict") or {}, state=status.state, form=status.form)
 print("COST", s, gc_s[0], gc_full[0], at_import[0], torch_before, "torch" in sys.modules,
-      "sglang.srt.layers.moe.topk" in sys.modules, json.dumps(verdict).replace(" ", ""))
+      "sglang.srt.layers.moe.topk" in sys.modules, json.dumps(verdict).replace(" ", ""),
+      cpu, at_import[1])
 """
 
 
@@ -194,15 +198,16 @@ def _parse(stdout: str, stderr: str) -> tuple:
     line = [x for x in stdout.splitlines() if x.startswith("COST ")]
     if not line:
         raise RuntimeError((stderr.strip().splitlines() or ["no output"])[-1])
-    _, s, gc_s, gc_full, at_import, before, after, topk, verdict = line[-1].split()
+    _, s, gc_s, gc_full, at_import, before, after, topk, verdict, cpu, cpu_at = line[-1].split()
     flags = before == "True", after == "True", topk == "True"
-    return float(s), *flags, float(gc_s), int(gc_full), float(at_import), json.loads(verdict)
+    times = float(s), *flags, float(gc_s), int(gc_full), float(at_import), json.loads(verdict)
+    return *times, float(cpu), float(cpu_at)
 
 
 def measure(case: str, on: bool, run: int = 0) -> tuple:
     base = CASES[case][0]
     if (base == "bare" or base == "topk-later") and not on:
-        return 0.0, False, False, False, 0.0, 0, 0.0, {}
+        return 0.0, False, False, False, 0.0, 0, 0.0, {}, 0.0, 0.0
     out = subprocess.run(
         [sys.executable, "-c", CHILD, base, "on" if on else "off"],
         env=_env(case, on, _cache(case, run)),
@@ -232,6 +237,7 @@ def eight(n: int = 8) -> dict:
     results = [_parse(*p.communicate(timeout=1800)) for p in procs]
     row["wall_s"] = round(time.perf_counter() - t0, 2)
     row["plugin_at_import_s"] = [round(r[6], 3) for r in results]
+    row["plugin_at_import_cpu_s"] = [round(r[9], 3) for r in results]
     row["verdicts"] = [r[7] for r in results]
     row["probes"] = sum(r[7].get("source") == "probed" for r in results)
     row["load_after"] = _load()
@@ -242,15 +248,41 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def _cell(r: dict) -> str:
+    if "error" in r:
+        return "does not import here"
+    if "plugin_at_import_s" in r:  # the plugin's own part of topk's import
+        cell = f"{r['plugin_at_import_s']:.3f} in the plugin"
+        if "plugin_at_import_cpu_s" in r:
+            cell += f" (CPU {r['plugin_at_import_cpu_s']:.3f})"
+    else:
+        cell = f"{r['share_s']:.3f} ({r['on_s']:.3f} vs {r['off_s']:.3f})"
+        if "share_cpu_s" in r:
+            cell += f" (CPU {r['share_cpu_s']:.3f})"
+    sources = [v.get("source") for v in r.get("verdicts", []) if v.get("source")]
+    if "probed" in sources:  # the child's time, as the log line gives it
+        child = statistics.median(v["child_s"] for v in r["verdicts"] if v["source"] == "probed")
+        cell += f"; child {child:.1f} s in the log line"
+    elif sources and set(sources) == {"cache"}:
+        cell += "; from the cache"
+    full = [sum(r.get(f"{k}_full_collections", [])) for k in ("on", "off")]
+    runs = len(r.get("on_full_collections", []))
+    if any(full):  # a full collection SGLang's imports made due ran in the window
+        off = f", {full[1]} off" if "off_s" in r else ""
+        cell += f"; full collections in {runs} runs: {full[0]} on{off}"
+    return cell
+
+
 def table(path: str, commit: str) -> str:
     """Markdown: one row per release environment, the share of each case in seconds
-    (with and without the plugin in brackets), and the load average it ran under."""
+    (with and without the plugin in brackets, or the plugin's part of topk's import), and
+    the load average it ran under; then the rows of ``eight``."""
     rows = [json.loads(x) for x in open(path) if x.startswith("{")]
     rows = [r for r in rows if r.get("commit") == commit]
     cases = [c for c in CASES if any(r["case"] == c for r in rows)]
     out = ["| release | " + " | ".join(cases) + " | load average |"]
     out.append("| --- " * (len(cases) + 2) + "|")
-    envs = list(dict.fromkeys(r["release_env"] for r in rows))
+    envs = list(dict.fromkeys(r["release_env"] for r in rows if r["case"] in CASES))
     for env in envs:
         cells, loads = [], []
         for case in cases:
@@ -259,19 +291,22 @@ def table(path: str, commit: str) -> str:
                 cells.append("-")
                 continue
             loads += [r["load_before"], r["load_after"]]
-            if "error" in r:
-                cells.append("does not import here")
-                continue
-            cell = f"{r['share_s']:.3f} ({r['on_s']:.3f} vs {r['off_s']:.3f})"
-            if "plugin_at_import_s" in r:  # the difference is noise there: the plugin's part
-                cell = f"{r['plugin_at_import_s']:.3f} in the plugin (import {r['on_s']:.3f})"
-            full = [sum(r.get(f"{k}_full_collections", [])) for k in ("on", "off")]
-            runs = len(r.get("on_full_collections", []))
-            if any(full):  # a full collection SGLang's imports made due ran in the window
-                cell += f"; full collections in {full[0]}/{runs} runs on, {full[1]}/{runs} off"
-            cells.append(cell)
+            cells.append(_cell(r))
         load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
         out.append(f"| {env} | " + " | ".join(cells) + f" | {load} |")
+    for r in (r for r in rows if r["case"].startswith("eight-")):
+        times = r["plugin_at_import_s"]
+        waited = [v.get("waited_s", 0.0) for v in r["verdicts"] if v.get("source") == "cache"]
+        child = [v["child_s"] for v in r["verdicts"] if v.get("source") == "probed"]
+        out.append("")
+        out.append(
+            f"{len(times)} processes at once ({r['release_env']}, {r['case']}): "
+            f"{r['probes']} probed (child {', '.join(f'{c:.1f}' for c in child)} s), "
+            f"{len(waited)} read the cache after waiting {min(waited or [0]):.1f}-"
+            f"{max(waited or [0]):.1f} s; the plugin's part of topk's import "
+            f"{min(times):.1f}-{max(times):.1f} s; all done in {r['wall_s']:.1f} s; "
+            f"load average {r['load_before']:.1f}-{r['load_after']:.1f}"
+        )
     return "\n".join(out)
 
 
@@ -313,6 +348,9 @@ def _cases(argv: list[str], version: str) -> int:
                 break
             key = "on" if on else "off"
             row[f"{key}_s"] = round(statistics.median(r[0] for r in runs), 3)
+            # CPU time of the process in the window: what other processes' load stretches
+            # less than the wall time (the child's own time is in neither).
+            row[f"{key}_cpu_s"] = round(statistics.median(r[8] for r in runs), 3)
             row[f"{key}_torch_before"], row[f"{key}_torch_after"] = runs[0][1], runs[0][2]
             row[f"{key}_topk_after"] = runs[0][3]
             # Collections inside the window: their time, and how many were full ones (a
@@ -322,6 +360,7 @@ def _cases(argv: list[str], version: str) -> int:
             if CASES[case][0] == "topk-later" and on:  # the plugin's part of topk's import
                 row["plugin_at_import_s"] = round(statistics.median(r[6] for r in runs), 3)
                 row["plugin_at_import_runs"] = [round(r[6], 3) for r in runs]
+                row["plugin_at_import_cpu_s"] = round(statistics.median(r[9] for r in runs), 3)
             if on:
                 row["verdicts"] = [r[7] for r in runs]
         row["load_after"] = _load()
@@ -329,6 +368,8 @@ def _cases(argv: list[str], version: str) -> int:
             row["share_s"] = round(row["on_s"] - row["off_s"], 3)
         elif "error" not in row:
             row["share_s"] = row.get("plugin_at_import_s", row["on_s"])
+        if "error" not in row and "off_cpu_s" in row:
+            row["share_cpu_s"] = round(row["on_cpu_s"] - row["off_cpu_s"], 3)
         print(json.dumps(row), flush=True)
     return 0
 
