@@ -44,10 +44,11 @@ DEMO_LOG := $(DEMO_OUT)/setup.log
 demo:
 	@mkdir -p $(DEMO_OUT)
 	@echo "make demo: setting up .venv and $(COMPAT)/$(DEMO_RELEASE) (SGLang $(DEMO_RELEASE); minutes the first time); pip's output: $(DEMO_LOG)"
-	@{ $(MAKE) --no-print-directory venv && $(PY) tools/compat/releases.py build $(DEMO_RELEASE); } \
+	@{ $(MAKE) --no-print-directory venv && $(PY) tools/compat/releases.py build $(DEMO_RELEASE) \
+		&& $(PY) tools/compat/releases.py install-wheel; } \
 		> $(DEMO_LOG) 2>&1 || { tail -n 20 $(DEMO_LOG); echo "make demo: setup failed (whole log: $(DEMO_LOG))"; exit 1; }
 	@$(PY) -m sglang_amd_moe demo --python $(COMPAT)/$(DEMO_RELEASE)/bin/python --out-dir $(DEMO_OUT)
-	@echo "  set up by: make venv; $(PY) tools/compat/releases.py build $(DEMO_RELEASE) (log: $(DEMO_LOG))"
+	@echo "  set up by: make venv; $(PY) tools/compat/releases.py build $(DEMO_RELEASE); $(PY) tools/compat/releases.py install-wheel (log: $(DEMO_LOG))"
 
 # Per-release SGLang environments layered on .venv (share its torch): the CI subset
 # covers one release of each form (`make compat` builds and runs them all). They and the
@@ -55,8 +56,13 @@ demo:
 # core, up to 4 (pytest-xdist; tests/conftest.py keeps the tests that share a fixture on
 # one worker).
 PYTEST_WORKERS := -n auto --maxprocesses=4 --durations=15
+# The release environments run this package's wheel, built from the working tree and
+# installed by releases.py install-wheel (tests/conftest.py repeats it, a no-op when nothing
+# changed); tests/installed/ is the installed-wheel stage: the wheel in environments that
+# cannot see the tree, run from outside it, as users run it.
 test: venv
 	$(MAKE) --no-print-directory -j2 $(COMPAT)/server/layer.json ci-releases
+	$(PY) tools/compat/releases.py install-wheel
 	SGLANG_AMD_MOE_TEST_SERVER_PYTHON=$(abspath $(COMPAT)/server/bin/python) $(PY) -m pytest -q $(PYTEST_WORKERS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
