@@ -64,7 +64,8 @@ ACTIONS: dict[str, str] = {
     ),
     "fixed": "not hooked: upstream already masks padded ids on HIP",
     "unknown": (
-        "decided by running it (the plugin probes the installed function on a CPU batch "
-        "and hooks only what it sees wrong); WARNING with the function's fingerprint"
+        "decided by running it in a child process (the plugin probes the installed "
+        "function on a CPU batch there and hooks only what it sees wrong); WARNING with the "
+        "function's fingerprint"
     ),
 }
