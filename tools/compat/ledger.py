@@ -1,7 +1,7 @@
 """Regenerate the plugin's ledger of SGLang bodies from the real release wheels.
 
 For every SGLang release on the registry that has ``_post_process_topk_ids``
-(:data:`VERSIONS`), this reads ``topk.py`` out of the release's wheel (downloaded once into
+(:data:`VERSIONS`, and those ``add`` put in the ledger), this reads ``topk.py`` out of the release's wheel (downloaded once into
 ``.cache/wheels``; nothing is installed), and for that text, each shipped patch's result
 where the patch applies, and the never-released ``mask-under-eplb-guard`` body (upstream
 PR 28378 reversed: ``sglang_amd_moe/diagnostics/e2e/guard_form/*.diff``, where one applies;
@@ -16,8 +16,9 @@ with the shipped patches on top), it
 
 It writes ``ledger.json`` (fingerprint -> form, plan, sources; the releases it was read
 from and the date it was built) and ``ledger_bodies.json`` (the normalised function of
-each, for the audit's diff) into the package. A body whose behaviour no form names, or
-that the probe cannot run, stops the tool: look at it first.
+each, for the audit's diff) into the package. A body whose behaviour no form names, that
+the probe cannot run, or that uses a name its module rebinds other than by a statement,
+stops the tool: look at it first.
 
 Usage::
 
@@ -30,7 +31,7 @@ Usage::
 
 ``add`` is what a maintainer runs when SGLang releases (``make compat`` runs it too): it
 asks the registry (``pip index versions sglang --pre``) for every release, pre-releases
-included, and adds those newer than :data:`ABSENT_BELOW` that the ledger does not list.
+included, and adds those from :data:`ABSENT_BELOW` on that the ledger does not list.
 """
 
 from __future__ import annotations
@@ -336,7 +337,12 @@ def add_coverage(version: str) -> None:
 def main(argv: list[str]) -> int:
     cmd = argv[:1]
     if cmd in (["missing"], ["add"]):
-        new = missing(registry_versions(), versions())
+        try:
+            available = registry_versions()
+        except (OSError, subprocess.CalledProcessError, RuntimeError) as exc:
+            print(f"[ledger] the registry could not be asked for SGLang's releases: {exc}")
+            return 2
+        new = missing(available, versions())
         print(f"[ledger] registry releases not in the ledger: {', '.join(new) or 'none'}")
         if cmd == ["missing"]:
             return 1 if new else 0
