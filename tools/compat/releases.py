@@ -451,6 +451,12 @@ def render_matrix(rows: list[dict]) -> str:
         "  in `[<label>]`, run with `SGLANG_AMD_MOE_TEST_RELEASES=<label>`), "
         "counted from pytest's junit XML.",
         "",
+        "Per release (0.5.10rc0 - 0.5.23), path and model family: which paths pass a count, "
+        "what their",
+        "padded rows hold and what masks them, read from each release's wheel: "
+        "[coverage.md](coverage.md)",
+        "(`python tools/compat/coverage_table.py write`).",
+        "",
         "| release | form | plugin action | audit exit | hook after `load_plugins()` "
         "| tests passed / failed | date |",
         "| --- | --- | --- | --- | --- | --- | --- |",
