@@ -8,6 +8,7 @@ leaves unknown code to upstream, and a forked child never inherits a held lock."
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 import threading
@@ -118,15 +119,20 @@ def test_an_unknown_body_is_decided_by_the_childs_verdict(topk, monkeypatch) -> 
     assert (ids[5:] == 0).all() and (w[5:] == 0).all()
 
 
-def test_a_child_out_of_time_leaves_a_known_body_to_the_ledger(topk, monkeypatch) -> None:
-    """topk imported before the plugin: a child is asked; it never answers."""
+def test_a_child_out_of_time_leaves_a_known_body_to_the_ledger(topk, monkeypatch, caplog) -> None:
+    """topk imported before the plugin: a child is asked; it never answers (a WARNING)."""
     monkeypatch.setenv("SGLANG_AMD_MOE_PROBE_TIMEOUT", "3")
     topk(BLOCKS_IN_CHILD + syn.source("weights-only"), known="weights-only")
     t0 = time.perf_counter()
-    st = sglang_hook.install()
+    with caplog.at_level(logging.INFO, logger="sglang_amd_moe"):
+        st = sglang_hook.install()
     assert time.perf_counter() - t0 < 30
     assert st.state == "live" and st.detail["plan"]["remap"] == "add", st.message
     assert "ran past its 3 s limit and was killed; decided from the ledger" in st.message
+    assert "no verdict from the child (" in st.message
+    assert [r.levelno for r in caplog.records if "decided from the ledger" in r.getMessage()] == [
+        logging.WARNING
+    ]
 
 
 def test_an_unknown_body_whose_child_runs_out_of_time_is_refused(topk, monkeypatch) -> None:

@@ -369,7 +369,8 @@ class SGLangHook(Target):
             with self.lock:
                 self._status = st
             return st
-        level = logging.WARNING if st.form in ("absent", "unknown") else None
+        failed = (st.detail.get("verdict") or {}).get("source") == "failed"  # the child's
+        level = logging.WARNING if st.form in ("absent", "unknown") or failed else None
         return self.record(st, level=level)
 
     def _read(self, import_now: bool) -> _Facts | HookStatus:

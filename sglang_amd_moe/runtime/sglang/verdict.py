@@ -113,8 +113,8 @@ class Verdict:
             text = f"verdict probed now in a child process ({took})"
         elif self.source == "cache":
             text = f"verdict read from the cache ({self.path}; when probed, {took})"
-        else:
-            text = f"no verdict: {self.upstream.why}"
+        else:  # the failure itself is the probe's ``why``, which the log line gives
+            text = f"no verdict from the child ({self.child_s:.1f} s)"
         if self.waited_s >= 0.05:
             text += f"; waited {self.waited_s:.1f} s for another process's probe"
         return text + (f"; {self.note}" if self.note else "")
