@@ -106,8 +106,9 @@ def test_audit_matches_expected_form(label: str) -> None:
     # The table says the same in five seconds.
     text = _audit(rel)
     assert text.returncode == rel.expected_audit_exit
-    head, first, row = text.stdout.splitlines()[:3]
+    head, blank, first, row = text.stdout.splitlines()[:4]
     assert head.startswith("sglang-amd-moe ") and head.endswith(f" audit of {rel.python}"), head
+    assert blank == ""
     assert first.split() == ["TARGET", "INSTALLED", "FORM", "HOOK", "PATCH", "PATCH", "STATUS"]
     assert row.split()[:4] == ["sglang", "sglang", rel.version, rel.expected_form]
     assert text.stdout.rstrip().endswith(f"(exit {rel.expected_audit_exit})")
