@@ -1619,3 +1619,30 @@ def test_reach_names_the_paths_past_the_guard(tmp_path: Path) -> None:
         assert reach.this_process() == ""
     finally:
         sys.modules.update(hidden)
+
+
+def test_a_loose_patched_file_gets_the_coverage_the_patch_implies(
+    release_files: dict[str, Path], tmp_path: Path
+) -> None:
+    """A patched topk.py with no SGLang package beside it: the rows of the releases the
+    ledger says its patched body is from, the count-carrying path masked by the patched
+    function. Where the ledger cannot tell the release, each path reads as every release
+    has it, and what differs between releases reads ``?`` with the reason."""
+    name = patching.patch_for("sglang", "weights-only")
+    text = release_files["0.5.13.post1"].read_text()
+    loose = tmp_path / "topk.py"
+    loose.write_text(patching.apply_text(text, patching.read_patch(name)))
+    proc = run_cli("--json", "--sglang-source", str(loose))
+    (t,) = json.loads(proc.stdout)["targets"]
+    assert t["patch_status"] == patching.ALREADY_APPLIED
+    cov = t["coverage"]
+    assert cov["source"].startswith("as SGLang 0.5.13, 0.5.13.post1 (this patched body"), cov
+    by = {p["path"]: (p["count"], p["protected_by"]) for p in cov["paths"]}
+    assert by["ep"] == ("yes", [f"SGLang, patched ({name})"])
+    assert by["tp"] == ("no", [coverage.NOTHING_NEEDED]) and by["eagle"] == by["tp"]
+    assert by["dp"] == ("no", []) and by["dspark"] == ("-", ["-"])
+    rows, why = coverage._every_release("not in the ledger")
+    cells = {r["path"]: (r["count"], r["rows"]) for r in rows}
+    assert cells["tp"] == ("no", paths.VALID) and cells["ep"][0] == "yes"
+    assert cells["dp"] == ("?", "?") and cells["prefill-full"] == ("?", "?")
+    assert why == "not known (not in the ledger); as every release 0.5.10rc0 - 0.5.23 has it"
