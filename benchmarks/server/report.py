@@ -25,6 +25,12 @@ RECORDS: tuple[tuple[str, str], ...] = (
     ("benchmarks/results/server-h200-deepseek.json", "DeepSeek-V3 class (`deepseek_v3`)"),
 )
 
+#: The guard-only records (runs f, g, h: ``--runs f,g,h``), one per model class.
+GUARD_RECORDS: tuple[tuple[str, str], ...] = (
+    ("benchmarks/results/server-guard.json", "Qwen3-MoE class (`qwen3_moe`)"),
+    ("benchmarks/results/server-guard-deepseek.json", "DeepSeek-V3 class (`deepseek_v3`)"),
+)
+
 DEVICE_COMMAND = "bash .carry-server/server/device.sh"
 CONFIG_KEYS = (
     "vocab_size",
@@ -51,10 +57,12 @@ CONFIG_KEYS = (
 )
 
 
-def load_records(root: Path = REPO) -> list[tuple[str, str, dict]]:
+def load_records(
+    root: Path = REPO, records: tuple[tuple[str, str], ...] = RECORDS
+) -> list[tuple[str, str, dict]]:
     """The committed records that exist: (path, title, results)."""
     out = []
-    for rel, title in RECORDS:
+    for rel, title in records:
         path = root / rel
         if path.is_file():
             out.append((rel, title, json.loads(path.read_text())))
@@ -594,11 +602,116 @@ def common_tail(records: list[tuple[str, str, dict]]) -> list[str]:
     return out
 
 
-def render(records: list[tuple[str, str, dict]]) -> str:
-    """The whole doc from the records (as :func:`load_records` returns them)."""
+def _guard_counts(run: dict) -> str:
+    stats = (run.get("plugin_stats") or {}).get("guard")
+    if not stats:
+        return "none recorded"
+    return (
+        f"calls={stats['calls']} out_of_range={stats['out_of_range']} "
+        f"past_count={stats['past_count']} real_out_of_range={stats['real_out_of_range']}"
+    )
+
+
+def guard_intro(guard: list[tuple[str, str, dict]]) -> list[str]:
+    out: list[str] = []
+    w = out.append
+    w("# The guard alone, in a real server: no count, SGLang's MoE through aiter's entry")
+    w("")
+    w(
+        "Most deployments that pad with garbage hand aiter no count (DP attention with TP MoE, "
+        "EAGLE/MTP drafts, ATOM's DP pads, vLLM's -1 rows): the guard at aiter's `fused_moe` "
+        "entry is then the only protection. These runs show it in "
+        "`python -m sglang.launch_server` of SGLang 0.5.13.post1, for "
+        + " and ".join(f"the {title}" for _, title, _ in guard)
+        + ' (one device call each, `HARNESS_ARGS="--runs f,g,h ..."`; '
+        "benchmarks/server/README.md). Three servers run side by side:"
+    )
+    w("")
+    w("| run | plugin | padded rows of the router's output | count passed |")
+    w("| --- | --- | --- | --- |")
+    for label, run in guard[0][2]["runs"].items():
+        rows = "garbage ids, NaN weights (AMD-like)" if run["inject"] else "as routed"
+        w(f"| {label} | {'on' if run['plugin'] else 'off'} | {rows} | {_yes(run['pass_count'])} |")
+    w("")
+    w(
+        "`SGLANG_AMD_MOE_TEST_AITER=1` (benchmarks/server/site/sitecustomize.py) makes SGLang's "
+        "own unquantized MoE layer take its aiter path, as on ROCm with `SGLANG_USE_AITER=1`: "
+        "`UnquantizedFusedMoEMethod` builds its aiter runner and every MoE call goes to "
+        "`aiter.fused_moe.fused_moe`. aiter needs ROCm, so `site/aiter_server/aiter` stands in "
+        "for the modules SGLang imports on that path, with aiter's Python signatures "
+        "(`fused_moe` -> `fused_moe_` -> `_fused_moe_impl`, the function the guard wraps); its "
+        "MoE is plain torch, and an expert id outside `[0, E)` is a device fault there "
+        "(CUDA's device-side bounds assert of an index lookup), as it is in aiter's kernels, "
+        "never a silent clamp. The router writes garbage into padded rows of every replay "
+        "(`SGLANG_AMD_MOE_TEST_INJECT=1`); no count reaches `TopK` or aiter."
+    )
+    w("")
+    return out
+
+
+def guard_section(rel: str, title: str, doc: dict) -> list[str]:
+    env, runs = doc["environment"], doc["runs"]
+    tree = env.get("bundle", {}).get("tree", {})
+    gpu = env.get("gpu", "?")
+    out: list[str] = []
+    w = out.append
+    w(f"## Guard alone: {title}")
+    w("")
+    w(
+        f"From `{rel}`: SGLang {env.get('sglang')} on one {gpu.split(',')[0]} "
+        f"(torch {env.get('torch')}, Triton {env.get('triton')}; sglang-amd-moe "
+        f"{env.get('sglang_amd_moe')} built from commit `{tree.get('commit', '?')[:12]}`"
+        f"{' with uncommitted changes' if tree.get('dirty') else ''}); compared with run "
+        f"({doc.get('reference', '?')})."
+    )
+    w("")
+    eq = doc.get("equal", {})
+    if eq:
+        w(
+            "- Token for token: "
+            + ", ".join(f"({k[0]}) {'==' if v else '!='} ({k[3]})" for k, v in sorted(eq.items()))
+            + "."
+        )
+    for label, run in runs.items():
+        pad = run.get("padding", {})
+        w(
+            f"- ({label}) {run['what']}: {_served(run)} requests served, "
+            f"{pad.get('replays_with_padded_rows', 0)} of {pad.get('replays', 0)} recorded decode "
+            f"replays with padded rows; damage: {_damage(run)}."
+        )
+    w("")
+    w("| run | served | same tokens as the reference | damage | aiter `fused_moe` calls "
+      "(stand-in) | the guard's counters | the plugin's log lines |")  # fmt: skip
+    w("| --- | --- | --- | --- | --- | --- | --- |")
+    for label, run in runs.items():
+        w(
+            f"| {label} | {_served(run)} | {_same_as_b(run)} | {_damage(run)} | "
+            f"{run.get('aiter_calls', 0)} | {_guard_counts(run)} | {_plugin_lines(run)} |"
+        )
+    w("")
+    w(
+        "The counters are the plugin's own (`sglang_amd_moe.runtime.stats`: added to on the GPU "
+        "inside the guard's launch, graph replays included), read by the scheduler's record "
+        "thread once a second after the first replay; `calls` counts MoE calls (layers x "
+        "forward passes), `out_of_range` the padded rows' ids the guard turned into expert 0 "
+        "with weight 0 (docs/reference.md: the counters)."
+    )
+    w("")
+    return out
+
+
+def render(
+    records: list[tuple[str, str, dict]], guard: list[tuple[str, str, dict]] | None = None
+) -> str:
+    """The whole doc from the records (as :func:`load_records` returns them) and the
+    guard-only records."""
     out = intro(records)
     for rel, title, doc in records:
         out.extend(section(rel, title, doc))
+    if guard:
+        out.extend(guard_intro(guard))
+        for rel, title, doc in guard:
+            out.extend(guard_section(rel, title, doc))
     out.extend(common_tail(records))
     return "\n".join(out)
 
@@ -607,7 +720,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DOC)
     args = p.parse_args()
-    args.out.write_text(render(load_records()))
+    args.out.write_text(render(load_records(), load_records(records=GUARD_RECORDS)))
     print(f"wrote {args.out}")
     return 0
 
