@@ -149,7 +149,10 @@ def _protected_by(row: dict, masker: str | None, guard_by: str) -> list[str]:
         return [NOTHING_NEEDED]
     if held == paths.ZEROED and not _env_off(row):
         return [ZEROED]
-    by = [masker] if count.startswith("yes") and masker else []
+    if count == "yes (EP)":  # a count only with expert parallelism: on TP, none
+        by = [f"{masker} with expert parallelism"] if masker else []
+        return by + [guard_by or "on TP: NOTHING"]
+    by = [masker] if count == "yes" and masker else []
     return by + ([guard_by] if guard_by else [])
 
 
@@ -181,6 +184,7 @@ def attach(reports: list[TargetReport], seen_from_here: bool) -> None:
             "rows_why": row["rows_why"], "evidence": row["evidence"],
         })  # fmt: skip
     unprotected = [_name(p) for p in out if not p["protected_by"]]
+    unprotected += [f"{_name(p)} on TP" for p in out if "on TP: NOTHING" in p["protected_by"]]
     sglang.coverage = dict(source=source, guard=guard_why, reach=moe.to_json(), paths=out,
                            unprotected=unprotected, notes=list(dict.fromkeys(notes)))  # fmt: skip
 
