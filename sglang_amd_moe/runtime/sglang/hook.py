@@ -444,8 +444,8 @@ class SGLangHook(Target):
                 f"{shown}" + ("" if facts.inputs.strict else ": following behaviour")
             )
         if obs is not None and not obs.usable:
-            ledger_decides = reading.known is not None and not facts.verdict.upstream.ran
-            notes.append(obs.summary() + ("; decided from the ledger" if ledger_decides else ""))
+            by_ledger = "; decided from the ledger" if reading.known is not None else ""
+            notes.append(obs.summary() + by_ledger)
         if facts.verdict is not None:
             notes.append(facts.verdict.describe())
         elif reading.known is not None:
