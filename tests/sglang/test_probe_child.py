@@ -181,9 +181,9 @@ def test_the_child_and_what_it_started_are_killed_at_the_limit(tmp_path) -> None
     """
     mod = syn.load(_in_child(code) + syn.source("weights-only"), tmp_path)
     t0 = time.monotonic()
-    doc, why, seconds = verdict.run_child(_request(mod), limit=3)
-    assert doc is None and "ran past its 3 s limit and was killed" in why
-    assert 3 <= seconds < 15 and time.monotonic() - t0 < 15
+    doc, why, seconds = verdict.run_child(_request(mod), limit=5)
+    assert doc is None and "ran past its 5 s limit and was killed" in why
+    assert 5 <= seconds < 20 and time.monotonic() - t0 < 20
     for pid in map(int, pids.read_text().split()):
         for _ in range(50):
             try:
@@ -209,7 +209,7 @@ def test_a_signal_handler_of_the_host_raising_while_waiting_passes(tmp_path) -> 
 
     old = signal.signal(signal.SIGALRM, handler)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 4)
+        signal.setitimer(signal.ITIMER_REAL, 6)
         with pytest.raises(HostStop):
             verdict.obtain("a-fingerprint", _request(mod))
     finally:
@@ -325,7 +325,7 @@ def test_processes_waiting_on_a_failed_probe_do_not_repeat_it(tmp_path) -> None:
     assert {g["source"] for g in got} == {"failed"} and not any(g["ran"] for g in got)
     assert all("ran past its 4 s limit" in g["why"] for g in got)
     # A later start probes again (the failure is kept for the waiting processes only).
-    env["SGLANG_AMD_MOE_PROBE_TIMEOUT"] = "1"
+    env["SGLANG_AMD_MOE_PROBE_TIMEOUT"] = "3"
     again = _start_together(_request(mod), 1, env)
     assert runs.read_text() == "xx" and again[0]["source"] == "failed"
 
