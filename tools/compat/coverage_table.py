@@ -216,7 +216,8 @@ def doc_text(recs: list[dict]) -> str:
         "mask, given a count), `the hook` (the plugin's, given a count), the guard (the "
         "plugin's count-free",
         "guard at aiter's MoE entry, only where SGLang's MoE calls aiter's `fused_moe`: "
-        "`SGLANG_USE_AITER=1`),",
+        "`SGLANG_USE_AITER=1` or",
+        "`--moe-runner-backend aiter`),",
         "`nothing needed` (padded rows are valid forward passes with in-range ids), or `nothing`.",
         "`sglang-amd-moe audit` prints the same for the installed SGLang, resolved for this "
         "process.",

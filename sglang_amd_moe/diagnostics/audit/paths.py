@@ -220,7 +220,7 @@ class Reads:
     prefill_backend: bool  # the release has prefill graph backends at all
     mori_env: str  # topk.py's SGLANG_MORI_NO_PAD_MASK read ("" none)
     zeroing: dict[str, str]  # family -> where it zeroes DP pad rows
-    callers: dict[str, tuple[str, str, str]]  # family -> (TP kind, EP kind, where)
+    callers: dict[str, tuple[str, str, str, str]]  # family -> (TP kind, EP kind, wheres)
 
 
 def _runner(tree: Tree) -> tuple[str, str]:
@@ -353,14 +353,14 @@ def _model_files(tree: Tree) -> list[str]:
     return list(dict.fromkeys(files))
 
 
-def _callers(tree: Tree, rel: str) -> tuple[str, str, str]:
+def _callers(tree: Tree, rel: str) -> tuple[str, str, str, str]:
     """How the family's MoE passes a count to topk: on its TP path ("bounded":
     ``moe_num_token_non_padded()``; "batch": the batch's raw count; "none"; "?": a name
-    whose origin is not followed), and on its expert-parallel path; with where."""
+    whose origin is not followed), and on its expert-parallel path; with where each is."""
     text = tree.text(rel) or ""
     if rel != _MOE_OF["deepseek-v3"] and "deepseek_v2.DeepseekV2MoE(" in text:
         rel = _MOE_OF["deepseek-v3"]  # this model's MoE layer is DeepSeek-V2's
-    tp, ep, where = "none", "none", ""
+    tp, ep, where, ep_where = "none", "none", "", ""
     tp_kinds: dict[str, str] = {}
     mod = tree.tree(rel)
     fns = [f for f in ast.walk(mod) if isinstance(f, ast.FunctionDef)] if mod else []
@@ -381,14 +381,15 @@ def _callers(tree: Tree, rel: str) -> tuple[str, str, str]:
                     else ("batch" if value.endswith("forward_batch.num_token_non_padded") else "?")
                 )
             if _NOT_TP.search(fn.name):
-                ep = kind if ep in ("none", "?") else ep
+                if ep in ("none", "?"):
+                    ep, ep_where = kind, _at(rel, n)
             else:
                 tp_kinds.setdefault(kind, _at(rel, n))
     for kind in ("bounded", "batch", "?"):
         if kind in tp_kinds:
             tp, where = kind, tp_kinds[kind]
             break
-    return tp, ep, where
+    return tp, ep, where, ep_where
 
 
 def read(tree: Tree) -> Reads:
@@ -410,7 +411,7 @@ def read(tree: Tree) -> Reads:
 
 def _tp_count(r: Reads, fam: str, config: str) -> tuple[str, str, list[str]]:
     """(count, why, evidence) for a family's TP-path call in a graph of ``config``."""
-    tp, _, where = r.callers[fam]
+    tp, _, where, _ = r.callers[fam]
     if tp == "none" and r.context:
         tp, where = "bounded", r.context  # TopK asks the forward context itself
     gate = r.gate
@@ -497,31 +498,31 @@ def rows(tree: Tree) -> list[Row]:
     # Expert parallel, all-to-all.
     ep_cells = {}
     for fam in fams:
-        ep = r.callers[fam][1]
+        ep, ep_at = r.callers[fam][1], r.callers[fam][3]
         if ep == "none" and r.context:
-            ep = "bounded"
+            ep, ep_at = "bounded", r.context
         c = "yes" if ep != "none" and r.gate.on("ep") else ("no" if ep == "none" else "?")
         why = (
             "its expert-parallel MoE call passes the local count"
             if c == "yes"
             else ("its expert-parallel call passes none" if c == "no" else "the gate does not hold")
         )
-        ep_cells[fam] = (c, why)
+        ep_cells[fam] = (c, why, [r.gate.at, ep_at, r.mori_env])
     mori = (
         f"SGLANG_MORI_NO_PAD_MASK=1 ({r.mori_env}) leaves padded weights unzeroed (ids still 0)"
         if r.mori_env else ""
     )  # fmt: skip
-    for fam, (c, why) in _collapse(ep_cells).items():
+    for fam, (c, why, ev) in _collapse(ep_cells).items():
         rwhy = "rows past the count are the receive buffer's tail, never written this step"
-        out.append(Row("ep", fam, c, why, RECEIVE, rwhy, flag=mori,
-                       evidence=[e for e in (r.gate.at, r.mori_env) if e]))  # fmt: skip
+        ev = list(dict.fromkeys(e for e in ev if e))
+        out.append(Row("ep", fam, c, why, RECEIVE, rwhy, flag=mori, evidence=ev))
     # TP prefill graphs, --cuda-graph-backend-prefill full.
     if not r.prefill_backend:
         out.append(Row("prefill-full", ALL, "-", "no FULL prefill graph backend", "-", ""))
     else:
         pf = {}
         for fam in fams:
-            tp, _, where = r.callers[fam]
+            tp, _, where, _ = r.callers[fam]
             tp = "bounded" if tp == "none" and r.context else tp
             if r.prefill_full and tp != "none":
                 c, why = "yes", "FULL prefill graphs register the count even without EP"
