@@ -113,16 +113,18 @@ def tick() -> None:
 
 
 def _tick(pending: Any) -> None:
+    import torch
+
+    # Under graph capture no event is queried and no copy is queued (both are refused
+    # while a stream captures): the next eager call does it.
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return
     if pending is not None:
         event, copies = pending
         if event is not None and not event.query():
             return
         _STATE["pending"] = None
         _emit(_sum(copies), final=False)
-        return
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return
     _STATE["next_due"] = time.monotonic() + INTERVAL_S
     _STATE["pending"] = _start_copy()
