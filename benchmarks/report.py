@@ -442,6 +442,57 @@ def plot(results: list[dict], out_dir: Path) -> list[str]:
     return written
 
 
+def counters_markdown(doc: dict) -> str:
+    """Tables: us per call in graph replay and eagerly, each variant beside its plain one."""
+    rows = doc["results"]
+    by = {(r["kernel"], r["impl"], r["M"], r["topk"], r["mode"]): r["us"] for r in rows}
+    ms = sorted({r["M"] for r in rows})
+    out = [
+        f"Measured on one {doc['device']} ({doc['date'][:10]}, torch {doc['torch']}, "
+        f"Triton {doc['triton']}), `benchmarks/stats_cost.py`: microseconds per call, "
+        "median of interleaved CUDA-graph replays and of eager calls; half the rows padded "
+        "with garbage (every tile has entries to count).",
+        "",
+    ]
+    pairs = [
+        ("guard", "plain", "stats", "guard, with a count"),
+        ("guard", "plain", "stats_runtime", "guard, with a count, plus the runtime's host side"),
+        ("guard", "plain_no_count", "stats_no_count", "guard, no count"),
+        ("guard", "plain_no_count", "stats_runtime_no_count", "guard, no count, plus host side"),
+        ("mask", "plain", "stats", "mask"),
+    ]
+    for topk in sorted({r["topk"] for r in rows}):
+        for mode in ("graph", "eager"):
+            out.append(f"topk {topk}, {'CUDA-graph replay' if mode == 'graph' else 'eager'}:")
+            out.append("")
+            out.append("| | " + " | ".join(f"M={m}" for m in ms) + " |")
+            out.append("| --- |" + " --- |" * len(ms))
+            for kernel, base, counted, label in pairs:
+                cells = []
+                for m in ms:
+                    a = by.get((kernel, base, m, topk, mode))
+                    b = by.get((kernel, counted, m, topk, mode))
+                    cells.append("" if a is None or b is None else f"{a:.2f} / {b:.2f}")
+                out.append(f"| {label}: without / with counters | " + " | ".join(cells) + " |")
+            out.append("")
+    return "\n".join(out)
+
+
+def counters_section(path: Path) -> list[str]:
+    """The counters' cost (``benchmarks/stats_cost.py``'s JSON), its own run and device."""
+    rel = path.resolve().relative_to(REPO) if path.resolve().is_relative_to(REPO) else path
+    return [
+        '<a id="counters"></a>',
+        "## Counters: the guard and the mask with and without them",
+        "",
+        f"From `{rel}` (`benchmarks/stats_cost.py`, a run of its own: compare within these "
+        "tables, not with the tables above). Each cell: without / with counters, us per call.",
+        "",
+        *counters_markdown(json.loads(path.read_text())).splitlines(),
+        "",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE / "results" / "h200.json")
@@ -460,6 +511,12 @@ def main(argv: list[str] | None = None) -> int:
             HERE / "results" / "h200-host-cost-vary-before.json",
         ],
         help="host_cost.py --only vary JSONs, if they exist (this tree's first): their table",
+    )
+    ap.add_argument(
+        "--stats-cost",
+        type=Path,
+        default=HERE / "results" / "stats-cost.json",
+        help="benchmarks/stats_cost.py's JSON, if it exists: the counters' section",
     )
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     ap.add_argument("--plots-dir", type=Path, default=REPO / "docs")
@@ -527,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("graph", "eager"):
         lines += mask_section(results, idx, mode)
         lines += guard_section(results, idx, mode)
+    if a.stats_cost and a.stats_cost.exists():
+        lines += counters_section(a.stats_cost)
     lines += ["## MXFP4 aux sort", ""]
     for mode in ("graph", "eager"):
         for padded in ("half", "none"):

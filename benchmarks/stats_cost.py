@@ -34,6 +34,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from report import counters_markdown as markdown  # noqa: E402
 from run import capture_graph, replay_interleaved, time_eager  # noqa: E402
 from sglang_amd_moe.kernels import guard_routing, mask_padded_rows_  # noqa: E402
 
@@ -133,42 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(markdown(doc))
     return 0
-
-
-def markdown(doc: dict) -> str:
-    """Tables: us per call in graph replay and eagerly, each variant beside its plain one."""
-    rows = doc["results"]
-    by = {(r["kernel"], r["impl"], r["M"], r["topk"], r["mode"]): r["us"] for r in rows}
-    ms = sorted({r["M"] for r in rows})
-    out = [
-        f"Measured on one {doc['device']} ({doc['date'][:10]}, torch {doc['torch']}, "
-        f"Triton {doc['triton']}), `benchmarks/stats_cost.py`: microseconds per call, "
-        "median of interleaved CUDA-graph replays and of eager calls; half the rows padded "
-        "with garbage (every tile has entries to count).",
-        "",
-    ]
-    pairs = [
-        ("guard", "plain", "stats", "guard, with a count"),
-        ("guard", "plain", "stats_runtime", "guard, with a count, plus the runtime's host side"),
-        ("guard", "plain_no_count", "stats_no_count", "guard, no count"),
-        ("guard", "plain_no_count", "stats_runtime_no_count", "guard, no count, plus host side"),
-        ("mask", "plain", "stats", "mask"),
-    ]
-    for topk in sorted({r["topk"] for r in rows}):
-        for mode in ("graph", "eager"):
-            out.append(f"topk {topk}, {'CUDA-graph replay' if mode == 'graph' else 'eager'}:")
-            out.append("")
-            out.append("| | " + " | ".join(f"M={m}" for m in ms) + " |")
-            out.append("| --- |" + " --- |" * len(ms))
-            for kernel, base, counted, label in pairs:
-                cells = []
-                for m in ms:
-                    a = by.get((kernel, base, m, topk, mode))
-                    b = by.get((kernel, counted, m, topk, mode))
-                    cells.append("" if a is None or b is None else f"{a:.2f} / {b:.2f}")
-                out.append(f"| {label}: without / with counters | " + " | ".join(cells) + " |")
-            out.append("")
-    return "\n".join(out)
 
 
 if __name__ == "__main__":
