@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata as md
 import importlib.util
-import io
 import os
-import re
 import stat
-import tokenize
 from pathlib import Path
 
 from sglang_amd_moe.runtime import env
 
-_FBI = "srt/model_executor/forward_batch_info.py"
-_DRAFTS = [f"srt/speculative/eagle_draft{x}_cuda_graph_runner.py" for x in ("", "_extend")]
 MAX_SOURCE_BYTES = 4 * 1024 * 1024  # SGLang's topk.py is about 130 kB
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device"}
 _KINDS |= {stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO or pipe"}
@@ -92,36 +86,3 @@ def distribution(top: str) -> tuple[str | None, str | None]:
         except md.PackageNotFoundError:
             continue
     return None, None
-
-
-def sglang_counts(root: Path) -> dict[str, str] | None:
-    """Whether a count of real rows reaches ``_post_process_topk_ids`` on each path (``ep``,
-    ``tp``, ``dp``, ``draft``: "yes", "no", "zeroed" where SGLang zeroes the pad rows, "?") of
-    the SGLang package at ``root``, read from ``enable_num_token_non_padded()`` (which decides
-    whether a CUDA graph passes one) and the EAGLE draft graph runners (which set none);
-    None where the code does not say."""
-    try:
-        defs = {getattr(n, "name", ""): n for n in ast.parse(text_or_none(root / _FBI) or "").body}
-    except SyntaxError:
-        return None
-    fn = defs.get("enable_num_token_non_padded")
-    if not isinstance(fn, ast.FunctionDef):
-        return None
-    called = [defs.get(getattr(c, "id", "")) for c in ast.walk(fn)]  # helpers it calls, too
-    code = " ".join(ast.unparse(f) for f in (fn, *called) if isinstance(f, ast.FunctionDef))
-    body = [ast.unparse(s) for s in fn.body if not isinstance(s, ast.Expr)]
-    if "SGLANG_DP_MASK_PAD_ROWS" in code:  # on HIP, on by default (0.5.23)
-        on = os.environ.get("SGLANG_DP_MASK_PAD_ROWS", "true").lower() in ("true", "1")
-        dp = "zeroed" if on else "no"
-    elif len(body) == 1 and re.fullmatch(r"return \S*(ep_size|expert_parallel)\S* > 1", body[0]):
-        dp = "no"  # `expert-parallel size > 1` and nothing else (0.5.10 - 0.5.14)
-    else:
-        return None
-    texts = [t for t in (text_or_none(root / d) for d in _DRAFTS) if t]
-    try:
-        tokens = [t for x in texts for t in tokenize.generate_tokens(io.StringIO(x).readline)]
-    except (tokenize.TokenError, SyntaxError):
-        texts, tokens = [], []
-    sets_one = any(t.string == "num_token_non_padded" for t in tokens if t.type == tokenize.NAME)
-    draft = "no" if texts and not sets_one else "?"
-    return {"ep": "yes", "tp": "no", "dp": dp, "draft": draft}
