@@ -81,7 +81,10 @@ amd-compile: venv
 test-gpu:
 	bash benchmarks/device.sh tests
 
+# When SGLang releases: `ledger.py add` fingerprints each registry release the ledger lacks
+# (pre-releases included), records its form, plan and coverage rows; commit what it changes.
 compat: venv
+	$(PY) tools/compat/ledger.py add
 	$(PY) tools/compat/releases.py build-all
 	$(PY) tools/compat/releases.py matrix --out docs/compat.md
 
