@@ -29,7 +29,7 @@ RESULTS = REPO / "benchmarks" / "results"
 def test_server_md_is_generated_from_the_committed_json() -> None:
     records = report.load_records()
     assert [rel for rel, _, _ in records] == [rel for rel, _ in report.RECORDS]
-    expected = report.render(records)
+    expected = report.render(records, report.load_records(records=report.GUARD_RECORDS))
     actual = (REPO / "docs" / "server.md").read_text()
     assert actual == expected, "docs/server.md is stale: run `python benchmarks/server/report.py`"
 
@@ -307,3 +307,31 @@ def test_trim_wheel_drops_members_and_their_record_rows(tmp_path: Path) -> None:
         ]
         assert rows == ["demo/__init__.py", "demo-1.0.dist-info/RECORD"]
         assert zf.read("demo/__init__.py") == b"x = 1\n"
+
+
+@pytest.mark.parametrize("rel", [rel for rel, _ in report.GUARD_RECORDS])
+def test_the_guard_record_served_with_token_identity_and_faulted_without_it(rel: str) -> None:
+    """The guard-only record of each model class (runs f, g, h; no count anywhere, SGLang's
+    MoE through aiter's entry): with the plugin every request served, token for token as
+    the stand-in server without injection, the guard's counters above 0; without it, the
+    device fault."""
+    if not (REPO / rel).is_file():
+        pytest.skip(f"{rel}: the guard-only GPU run has not been recorded yet (README: runs f-h)")
+    doc = json.loads((REPO / rel).read_text())
+    runs = doc["runs"]
+    assert set(runs) == {"f", "g", "h"} and doc["reference"] == "h"
+    assert all(r["aiter"] and not r["pass_count"] for r in runs.values())
+    f, g, h = runs["f"], runs["g"], runs["h"]
+    assert doc["equal"] == {"f==h": True}
+    assert f["compare_to_b"]["served"] == f["compare_to_b"]["requests"] > 0
+    assert f["compare_to_b"]["identical"] == f["compare_to_b"]["requests"]
+    assert f["damage"] == [] and h["damage"] == []
+    assert f["padding"]["replays_with_padded_rows"] > 0
+    assert f["aiter_calls"] > 0 and h["aiter_calls"] > 0
+    stats = f["plugin_stats"]["guard"]
+    assert stats["calls"] > 0 and stats["out_of_range"] > 0 and stats["real_out_of_range"] == 0
+    assert h["plugin_stats"] is None  # plugin off: no counters
+    assert "device fault" in g["damage"]
+    assert any("device-side assert" in x for x in g["log"]["fault_lines"]), g["log"]["fault_lines"]
+    guard_lines = [x["line"] for x in f["log"]["plugin_lines"] if "guard live" in x["line"]]
+    assert guard_lines, f["log"]["plugin_lines"]
