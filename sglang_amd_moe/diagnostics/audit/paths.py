@@ -424,6 +424,9 @@ def _tp_count(r: Reads, fam: str, config: str) -> tuple[str, str, list[str]]:
             why = "moe_num_token_non_padded() gives none on a gathered DP buffer"
             return "no", why, [r.moe_bound_at]
         return "?", "moe_num_token_non_padded() is code this reader does not know", [r.moe_bound_at]
+    if config == "dp" and carries:  # a rank's own count over the gathered rows: not a prefix
+        why = "the TP call passes a count this reader cannot tie to the gathered buffer"
+        return "?", why, [gate.at, where]
     if carries:
         return "yes", "the graph carries a count (enable_num_token_non_padded())", [gate.at, where]
     if r.runner == "gated":
