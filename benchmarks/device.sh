@@ -12,7 +12,8 @@
 # profile: Nsight Compute on tune.py's --profile targets. TUNE_ARGS, BENCH_ARGS and
 # GPU_TESTS_ARGS pass options to tune.py, run.py and pytest; GPU_TESTS names the test
 # files or folders (default tests/gpu); HOST_COST=1 runs benchmarks/host_cost.py after
-# the benchmarks (bench, all).
+# the benchmarks (bench, all); STATS_COST=1 runs benchmarks/stats_cost.py (the counters'
+# cost: the guard and the mask with and without them) into $OUT/stats-cost.json.
 set -uo pipefail
 what=${1:-all}
 # The results JSON and the logs go to $OUT as they are written; the report, the plots
@@ -83,12 +84,17 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     if [ -n "$test_pid" ]; then wait "$test_pid" || rc=1; tail -5 "$OUT/gpu-tests.log"; fi
     (cd /tmp && timeout "${BENCH_TIMEOUT:-400}" python3 "$repo/benchmarks/run.py" --out "$OUT/h200.json" \
         ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log") || rc=1
+    if [ "${STATS_COST:-0}" = 1 ]; then
+        (cd /tmp && timeout "${STATS_COST_TIMEOUT:-150}" python3 "$repo/benchmarks/stats_cost.py" \
+            --out "$OUT/stats-cost.json" 2>&1 | tee "$WORK/stats-cost.log") || rc=1
+    fi
     if [ "${HOST_COST:-0}" = 1 ]; then
         (cd /tmp && timeout "${HOST_COST_TIMEOUT:-240}" python3 "$repo/benchmarks/host_cost.py" \
             --out "$OUT/h200-host-cost.json" 2>&1 | tee "$WORK/host-cost.log") || rc=1
     fi
     (cd /tmp && python3 "$repo/benchmarks/report.py" --results "$OUT/h200.json" \
-        --host-cost "$OUT/h200-host-cost.json" --out "$WORK/benchmarks.md" --plots-dir "$WORK") || rc=1
+        --host-cost "$OUT/h200-host-cost.json" --stats-cost "$OUT/stats-cost.json" \
+        --out "$WORK/benchmarks.md" --plots-dir "$WORK") || rc=1
     if [ "${SORT_TUNE:-0}" = 1 ]; then
         (cd /tmp && timeout "${TUNE_TIMEOUT:-120}" python3 "$repo/benchmarks/tune.py" --only sort \
             --out "$OUT/tune.json" 2>&1 | tee "$WORK/tune.log") || rc=1
