@@ -18,7 +18,8 @@ Cases:
 - ``scheduler``: ``sglang.srt.managers.scheduler`` imported (topk not yet: a scheduler
   imports it later, with the model);
 - ``topk-imported``: the launcher's modules and topk imported before the plugin loads (the
-  plugin asks a child process for the verdict: the cache is warm, the warm-up run wrote it);
+  plugin asks a child process for the verdict: the cache is warm, the warm-up run wrote it;
+  ``topk-imported-cold``: an empty cache each run);
 - ``bare``: nothing imported; ``register()`` called directly (is torch imported for it?);
 - ``topk-later``: the launcher's modules imported, ``load_plugins()``, then the time of
   topk's own import is what is measured (a body the plugin decides there is decided
@@ -110,6 +111,7 @@ hook = sys.modules.get("sglang_amd_moe.runtime.sglang.hook")
 status = hook.status() if hook is not None else None
 if status is not None:
     verdict = dict(status.detail.get("verdict") or {}, state=status.state, form=status.form)
+    verdict.pop("text", None)  # the log line's words: the fields say the same
 print("COST", s, gc_s[0], gc_full[0], at_import[0], torch_before, "torch" in sys.modules,
       "sglang.srt.layers.moe.topk" in sys.modules, json.dumps(verdict).replace(" ", ""),
       cpu, at_import[1])
@@ -121,6 +123,7 @@ CASES = {
     "launcher": ("launcher", False, "warm"),
     "scheduler": ("scheduler", False, "warm"),
     "topk-imported": ("topk-imported", False, "warm"),
+    "topk-imported-cold": ("topk-imported", False, "cold"),
     "topk-later": ("topk-later", False, "warm"),
     "bare": ("bare", False, "warm"),
     "unknown-launcher": ("launcher", True, "cold"),
@@ -251,6 +254,8 @@ def _load() -> float:
 def _cell(r: dict) -> str:
     if "error" in r:
         return "does not import here"
+    if "plugin_at_import_s" in r and not r.get("on_topk_after"):
+        return "topk does not import here"
     if "plugin_at_import_s" in r:  # the plugin's own part of topk's import
         cell = f"{r['plugin_at_import_s']:.3f} in the plugin"
         if "plugin_at_import_cpu_s" in r:
