@@ -1653,3 +1653,28 @@ def test_a_loose_patched_file_gets_the_coverage_the_patch_implies(
     assert cells["tp"] == ("no", paths.VALID) and cells["ep"][0] == "yes"
     assert cells["dp"] == ("?", "?") and cells["prefill-full"] == ("?", "?")
     assert why == "not known (not in the ledger); as every release 0.5.10rc0 - 0.5.23 has it"
+
+
+@pytest.mark.sglang  # --load runs the real load_plugins() of SGLang 0.5.23
+@pytest.mark.parametrize("use_aiter", ["0", "1"])
+def test_a_live_guard_is_credited_only_where_sglang_s_moe_reaches_it(
+    tmp_path: Path, use_aiter: str
+) -> None:
+    """aiter importable (the stand-in, laid out as aiter is) and the guard live after the
+    real load_plugins(): with SGLANG_USE_AITER=0 its log line says SGLang's MoE does not
+    reach it and no path is credited to it; with 1, the DP paths are."""
+    from test_aiter_guard import _aiter_target
+    from test_aiter_guard import _audit as guard_audit
+
+    (doc,) = guard_audit(tmp_path, "--load --json", imported=True, SGLANG_USE_AITER=use_aiter)
+    guard = _aiter_target(doc)["guard"]
+    assert guard["state"] == "live" and "guard live at" in guard["why"], guard
+    cov = next(t for t in doc["targets"] if t["target"] == "sglang")["coverage"]
+    credited = {p["path"] for p in cov["paths"] if any("guard" in b for b in p["protected_by"])}
+    if use_aiter == "0":
+        assert "SGLang's MoE does not reach it (SGLANG_USE_AITER is not set" in guard["why"]
+        assert credited == set() and cov["reach"]["reaches"] is False
+    else:
+        assert "SGLang's MoE reaches it (SGLANG_USE_AITER=1" in guard["why"]
+        assert "dp" in credited and "tp" not in credited
+    assert "not guarded: FlyDSL MegaMoEV2" in guard["why"]

@@ -135,8 +135,12 @@ def _guard(
         why = "off: aiter is not installed here" if has else "not in this sglang-amd-moe"
     if guard is None or not guard["covered"]:
         return "", why, moe
-    if moe.reaches is False:
-        return "", f"{why}; but {moe.describe()}", moe
+    if moe.reaches is False:  # the guard's own log line may say so already
+        return (
+            "",
+            why if "SGLang's MoE does not reach" in why else f"{why}; but {moe.describe()}",
+            moe,
+        )
     state = {"not ROCm": "on a ROCm machine"}.get(guard["state"], guard["state"])
     return f"the guard ({state})", why, moe
 
