@@ -15,6 +15,8 @@ from importlib.metadata import entry_points
 import pytest
 from aiter_testlib import STANDIN, run_result, subprocess_env
 
+from sglang_amd_moe.runtime.target import logged
+
 CHILD = textwrap.dedent(
     """
     import json, logging, sys
@@ -123,7 +125,7 @@ def test_vllm_entry_point_patches_aiter_in_either_order(tmp_path, shape, order) 
     # The guard, from the same entry point and in either order: live, one INFO line.
     assert r["guard"]["state"] == "live" and r["guard"]["live"]
     assert [x["level"] for x in hook_records(r, guard=True)][-1:] == ["INFO"]
-    assert r["guard"]["message"] == hook_records(r, guard=True)[-1]["msg"]
+    assert logged(r["guard"]["message"]) == hook_records(r, guard=True)[-1]["msg"]
 
 
 @pytest.mark.sglang
