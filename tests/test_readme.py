@@ -274,7 +274,7 @@ def test_readme_is_one_screenful_of_sections() -> None:
     """Short enough to read at once (the coverage table, per release, path and model, is
     most of it)."""
     lines = README.read_text().splitlines()
-    assert len(lines) <= 165, len(lines)
+    assert len(lines) <= 170, len(lines)
     headings = [ln for ln in lines if ln.startswith("## ")]
     for needed in ("Am I affected", "Install", "Verify", "Turn it off", "What it costs"):
         assert any(needed in h for h in headings), needed
