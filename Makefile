@@ -83,8 +83,10 @@ test-gpu:
 
 # When SGLang releases: `ledger.py add` fingerprints each registry release the ledger lacks
 # (pre-releases included), records its form, plan and coverage rows; commit what it changes.
+# coverage_table.py write regenerates every release's coverage rows with the current reader.
 compat: venv
 	$(PY) tools/compat/ledger.py add
+	$(PY) tools/compat/coverage_table.py write
 	$(PY) tools/compat/releases.py build-all
 	$(PY) tools/compat/releases.py matrix --out docs/compat.md
 
