@@ -270,12 +270,7 @@ def _cell(r: dict) -> str:
         cell += f"; child {child:.1f} s in the log line"
     elif sources and set(sources) == {"cache"}:
         cell += "; from the cache"
-    full = [sum(r.get(f"{k}_full_collections", [])) for k in ("on", "off")]
-    runs = len(r.get("on_full_collections", []))
-    if any(full):  # a full collection SGLang's imports made due ran in the window
-        off = f", {full[1]} off" if "off_s" in r else ""
-        cell += f"; full collections in {runs} runs: {full[0]} on{off}"
-    return cell
+    return cell  # full collections in the window: in the rows (*_full_collections)
 
 
 def table(path: str, commit: str) -> str:
