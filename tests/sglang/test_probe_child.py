@@ -232,7 +232,10 @@ def test_the_cache_hit_miss_and_corrupt_entry(tmp_path) -> None:
     assert second.source == "cache" and second.upstream == first.upstream
     assert second.checked == first.checked and second.child_s == pytest.approx(first.child_s)
     assert "verdict read from the cache" in second.describe()
-    for junk in ("{not json", json.dumps({"schema": 1, "upstream": {}}), ""):
+    shapes = {"schema": 1, "upstream": {"ran": True, "observations": [1]}, "checked": []}
+    failed = {"schema": 1, "failed": True, "written_at": "soon", "child_s": None}
+    junk_docs = [json.dumps({"schema": 1, "upstream": {}}), json.dumps(shapes), json.dumps(failed)]
+    for junk in ("{not json", "", "[]", *junk_docs):
         Path(first.path).write_text(junk)
         again = verdict.obtain("fp", request)
         assert again.source == "probed" and again.upstream.behaviour == "weights-only"

@@ -161,7 +161,7 @@ def _from_doc(doc: dict[str, Any], **kw: Any) -> Verdict:
         raise ValueError(f"a verdict of layout {doc.get('schema')!r}")
     upstream = ProbeResult.from_json(doc["upstream"])
     checked = {plan_key(c["plan"]): ProbeResult.from_json(c["result"]) for c in doc["checked"]}
-    return Verdict(upstream, checked, child_s=float(doc.get("child_s", 0.0)), **kw)
+    return Verdict(upstream, checked, child_s=_number(doc.get("child_s")), **kw)
 
 
 def _failed(why: str, child_s: float = 0.0, **kw: Any) -> Verdict:
@@ -238,7 +238,7 @@ def _probe(request: dict[str, Any], **kw: Any) -> tuple[Verdict, dict | None]:
     doc["child_s"] = round(seconds, 3)
     try:
         return _from_doc(doc, source="probed", **kw), doc
-    except (KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         return _failed(f"the probe's answer does not read ({exc})", seconds, **kw), None
 
 
@@ -267,10 +267,18 @@ def _write(path: Path, doc: dict) -> str:
         return f"the verdict was not cached ({exc})"
 
 
+def _number(value: Any) -> float:
+    """A number an entry holds (0.0 where it holds something else)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
 def _cached(doc: dict, path: Path, waited: float) -> Verdict | None:
     try:
         return _from_doc(doc, source="cache", path=str(path), waited_s=waited)
-    except (KeyError, TypeError, ValueError):
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
 
@@ -332,8 +340,8 @@ def obtain(fingerprint: str, request: dict[str, Any]) -> Verdict:
             return verdict
         doc = _read(path)
         if doc is not None:  # written while this process waited (or between the two reads)
-            if doc.get("failed") and float(doc.get("written_at", 0)) >= started - 1:
-                return _failed(str(doc.get("why", "")), float(doc.get("child_s", 0)),
+            if doc.get("failed") and _number(doc.get("written_at")) >= started - 1:
+                return _failed(str(doc.get("why", "")), _number(doc.get("child_s")),
                                waited_s=waited, path=str(path))  # fmt: skip
             found = None if doc.get("failed") else _cached(doc, path, waited)
             if found is not None:
