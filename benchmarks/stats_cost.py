@@ -31,14 +31,12 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# Siblings: found as the script's own folder when run as a script.
+from report import counters_markdown as markdown
+from run import capture_graph, replay_interleaved, time_eager
+from sglang_amd_moe.kernels import guard_routing, mask_padded_rows_
 
-from report import counters_markdown as markdown  # noqa: E402
-from run import capture_graph, replay_interleaved, time_eager  # noqa: E402
-from sglang_amd_moe.kernels import guard_routing, mask_padded_rows_  # noqa: E402
-
-from sglang_amd_moe.runtime import stats as stats_mod  # noqa: E402
+from sglang_amd_moe.runtime import stats as stats_mod
 
 M_VALUES = [1, 8, 64, 256, 1024, 4096]
 TOPK_VALUES = [8, 9]
