@@ -12,17 +12,16 @@ installed-wheel environments of ``tests/installed``). ``tests/installed`` runs e
 and fails when the block no longer matches what the code prints (after
 :func:`normalize`, which blanks what differs from run to run: paths, times, process ids).
 
-To rewrite the blocks from fresh runs (after changing what a command prints)::
+To rewrite the blocks from fresh runs (after changing what a command prints), run those
+tests with ``SGLANG_AMD_MOE_TEST_WRITE_SAMPLES=1`` (test-only)::
 
-    .venv/bin/python tools/docs_samples.py --write
+    SGLANG_AMD_MOE_TEST_WRITE_SAMPLES=1 .venv/bin/python -m pytest -p no:xdist \\
+        tests/installed -k docs_samples
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,34 +107,3 @@ def write(name: str, output: str) -> None:
     text = path.read_text()
     start, end = blocks(text)[name]
     path.write_text(text[:start] + _PATH.sub(".../site-packages/", output) + text[end:])
-
-
-def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="rewrite the blocks from fresh runs")
-    args = ap.parse_args(argv)
-    if not args.write:
-        ap.print_help()
-        return 2
-    # The environments and runs are the installed-wheel tests' own.
-    sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "installed"), str(REPO / "tools")]
-    sys.path.insert(0, str(REPO / "tools" / "compat"))
-    import installed_env
-    from test_installed_wheel import _layers, run_sample
-    from test_packaging import built_wheel
-
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        wheel = built_wheel(root / "wheel")
-        made: dict[str, Path] = {}
-        (root / "cwd").mkdir()
-        for name, sample in SAMPLES.items():
-            if sample.env not in made:
-                made[sample.env] = installed_env.make(root / sample.env, wheel, _layers(sample.env))
-            write(name, run_sample(sample, made[sample.env], root / "cwd"))
-            print(f"rewrote {name} in {sample.doc}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -243,11 +243,13 @@ def run_sample(sample: docs_samples.Sample, python: Path, cwd: Path) -> str:
 def test_docs_samples_are_what_the_code_prints(envs, outside: Path, name: str) -> None:
     """Each sample output in the docs matches a real run of the installed wheel (paths,
     times and process ids aside): wording that drifts from the code fails here.
-    ``tools/docs_samples.py --write`` rewrites the samples from fresh runs."""
+    With ``SGLANG_AMD_MOE_TEST_WRITE_SAMPLES=1`` (test-only) it rewrites them first."""
     sample = docs_samples.SAMPLES[name]
     got = run_sample(sample, envs(sample.env), outside)
     assert got.strip(), f"{name}: the run printed nothing to show"
+    if os.environ.get("SGLANG_AMD_MOE_TEST_WRITE_SAMPLES") == "1":
+        docs_samples.write(name, got)
     assert docs_samples.normalize(docs_samples.shown(name)) == docs_samples.normalize(got), (
         f"{sample.doc}'s sample {name} differs from what the code prints now; "
-        "rewrite it with `.venv/bin/python tools/docs_samples.py --write`"
+        "rewrite it: SGLANG_AMD_MOE_TEST_WRITE_SAMPLES=1 pytest tests/installed -k docs_samples"
     )
