@@ -6,7 +6,8 @@ The environments (``tools/compat/installed_env.py``) reuse what ``.venv`` and th
 per-release environments hold, through views that hide this package's editable install:
 
 * ``bare``: torch and Triton, no SGLang;
-* ``0.5.13.post1``: a hooked release (form ``weights-only``);
+* ``0.5.13.post1``: a hooked release (form ``weights-only``), where ``demo`` runs ``audit``
+  and ``check`` (the full ``check``, with the rebuilt form, runs in tests/test_check.py);
 * ``0.5.23``: a fixed release.
 
 Every command runs as a user runs it (the ``sglang-amd-moe`` script, or ``python -m``
@@ -28,6 +29,7 @@ import docs_samples
 import installed_env
 import pytest
 import releases
+from test_check import check_demo
 from test_packaging import built_wheel
 
 import sglang_amd_moe
@@ -176,10 +178,11 @@ def test_audit_load_runs_the_installed_plugin(
     assert sg["hook_state"] in (("live", "pending") if hooked else ("not-needed",)), sg
 
 
-def test_check_on_a_hooked_release(envs, outside: Path) -> None:
-    proc = _run([str(envs("0.5.13.post1")), "-m", "sglang_amd_moe", "check"], outside, timeout=900)
-    _no_traceback(proc)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_demo_and_check_on_a_hooked_release(envs, outside: Path, tmp_path: Path) -> None:
+    """``demo`` (what ``make demo`` runs: ``audit``, then ``check --no-rebuilt``) with the
+    wheel installed in 0.5.13.post1's environment: the bug without the plugin, exact real
+    rows with it (test_check.check_demo says what is checked)."""
+    check_demo(envs("0.5.13.post1"), outside, tmp_path / "demo")
 
 
 LOAD_PLUGINS = """\
