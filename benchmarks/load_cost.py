@@ -29,7 +29,8 @@ Cases:
 - ``unknown-*``: the same with a topk.py the ledger does not know (the release's own with one
   statement added to ``_post_process_topk_ids``, in a mirror of the installed ``sglang``
   first on the path): ``unknown-launcher`` (the plugin defers the decision to topk's
-  import), ``unknown-later-cold`` (at topk's import the plugin runs the probe's child: an
+  import; ``unknown-launcher-warm``: the cache already holds the ledger's helper readings),
+  ``unknown-later-cold`` (at topk's import the plugin runs the probe's child: an
   empty cache each run), ``unknown-later-warm`` (the verdict is in the cache),
   ``unknown-imported-cold`` and ``unknown-imported-warm`` (topk imported before the plugin).
 
@@ -127,6 +128,7 @@ CASES = {
     "topk-later": ("topk-later", False, "warm"),
     "bare": ("bare", False, "warm"),
     "unknown-launcher": ("launcher", True, "cold"),
+    "unknown-launcher-warm": ("launcher", True, "warm"),
     "unknown-later-cold": ("topk-later", True, "cold"),
     "unknown-later-warm": ("topk-later", True, "warm"),
     "unknown-imported-cold": ("topk-imported", True, "cold"),
