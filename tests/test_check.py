@@ -504,3 +504,31 @@ def test_table_never_shows_zero_error_next_to_nan() -> None:
     assert (rows[200]["err"], rows[200]["nan"]) == ("0", "0")
     assert rows[47]["with"] == "MISMATCH (max abs n/a, NaN 1024, ids seen 0)"
     assert "n/a when some entries are non-finite" in text
+
+
+def test_demo_runs_each_environment_outside_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make demo`` runs from the repository root: an environment's ``python -m
+    sglang_amd_moe`` started there would import the source tree (the working directory
+    comes first on sys.path) instead of the package installed in that environment, so
+    each command runs in the absolute output folder, with the interpreter's absolute path."""
+    from sglang_amd_moe.diagnostics import demo
+
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append((cmd, kwargs.get("cwd")))
+        return subprocess.CompletedProcess(cmd, 1, stdout="{}", stderr="")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(demo.subprocess, "run", fake_run)
+    env = demo.Env("rel/bin/python", "env0", Path("out").resolve())
+    (tmp_path / "out").mkdir()
+    demo.run_audit(env, set())
+    cmd, cwd = seen[0]
+    assert cmd[0] == str(tmp_path / "rel" / "bin" / "python") and cmd[1:3] == [
+        "-m",
+        "sglang_amd_moe",
+    ]
+    assert cwd == tmp_path / "out" and Path(cwd).is_absolute()

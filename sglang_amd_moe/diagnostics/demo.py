@@ -83,8 +83,8 @@ def run_audit(env: Env, taken: set[str]) -> None:
     """``audit --json`` in the environment's interpreter; the SGLang version it reports
     names the environment's files (``audit-<version>.json``, ``check-<version>.*``)."""
     try:
-        cmd = [env.python, "-m", "sglang_amd_moe", "audit", "--json"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        cmd = [os.path.abspath(env.python), "-m", "sglang_amd_moe", "audit", "--json"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=env.out_dir)
         env.audit_status = proc.returncode
         env.audit = json.loads(proc.stdout)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -101,11 +101,12 @@ def run_audit(env: Env, taken: set[str]) -> None:
 
 def start_check(env: Env, device_name: str) -> subprocess.Popen | None:
     """Start ``check --no-rebuilt`` in the environment's interpreter; its table goes to a log."""
-    cmd = [env.python, "-m", "sglang_amd_moe", "check", "--no-rebuilt", "--device", device_name]
+    cmd = [os.path.abspath(env.python), "-m", "sglang_amd_moe", "check", "--no-rebuilt"]
+    cmd += ["--device", device_name]
     cmd += ["--json-file", str(env.path("check.json"))]
     try:
         with open(env.path("check.log"), "w", encoding="utf-8") as log:
-            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=env.out_dir)
     except OSError as exc:
         env.check_status, env.check_error = 2, f"check: {exc}"
         return None
@@ -246,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out_dir = Path(args.out_dir or tempfile.mkdtemp(prefix="sglang-amd-moe-demo-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    envs = [Env(py, f"env{i}", out_dir) for i, py in enumerate([*args.python, sys.executable])]
+    # Each environment's commands run in the (absolute) output folder: `python -m` puts the
+    # working directory first on sys.path, and from a source tree it would import the tree
+    # instead of the package installed in that environment.
+    envs = [
+        Env(py, f"env{i}", out_dir.resolve()) for i, py in enumerate([*args.python, sys.executable])
+    ]
     taken: set[str] = set()
     for env in envs:
         run_audit(env, taken)

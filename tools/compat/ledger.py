@@ -1,11 +1,12 @@
 """Regenerate the plugin's ledger of SGLang bodies from the real release wheels.
 
 For every SGLang release on the registry that has ``_post_process_topk_ids``
-(:data:`VERSIONS`, and those ``add`` put in the ledger), this reads ``topk.py`` out of the release's wheel (downloaded once into
-``.cache/wheels``; nothing is installed), and for that text, each shipped patch's result
-where the patch applies, and the never-released ``mask-under-eplb-guard`` body (upstream
-PR 28378 reversed: ``sglang_amd_moe/diagnostics/e2e/guard_form/*.diff``, where one applies;
-with the shipped patches on top), it
+(:data:`VERSIONS`, and those ``add`` put in the ledger), this reads ``topk.py`` out of the
+release's wheel (downloaded once into ``.cache/wheels``; nothing is installed), and for
+that text, each shipped patch's result where the patch applies, and the never-released
+``mask-under-eplb-guard`` body (upstream PR 28378 reversed:
+``sglang_amd_moe/diagnostics/e2e/guard_form/*.diff``, where one applies; with the shipped
+patches on top), it
 
 * fingerprints the function (``sglang_amd_moe.runtime.sglang.ledger``), with the helpers it
   reaches in the release's other modules read out of the same wheel;
