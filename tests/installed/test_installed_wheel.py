@@ -99,13 +99,14 @@ def _no_traceback(proc: subprocess.CompletedProcess) -> None:
 
 
 WHERE = """\
-import importlib.metadata as md, json, sys, sysconfig
-import sglang_amd_moe, sglang_amd_moe.kernels, sglang_amd_moe.diagnostics.audit
+import importlib.metadata as md, importlib.util as u, json, sys, sysconfig
+import sglang_amd_moe, sglang_amd_moe.diagnostics.audit
 dist = md.distribution("sglang-amd-moe")
+# Where the kernels would load from, without importing torch for them.
 print(json.dumps({
     "purelib": sysconfig.get_paths()["purelib"],
-    "files": [m.__file__ for m in (sglang_amd_moe, sglang_amd_moe.kernels,
-                                   sglang_amd_moe.diagnostics.audit)],
+    "files": [sglang_amd_moe.__file__, u.find_spec("sglang_amd_moe.kernels").origin,
+              sglang_amd_moe.diagnostics.audit.__file__],
     "dist": str(dist.locate_file("")), "version": dist.version,
     "sys_path": sys.path,
 }))
