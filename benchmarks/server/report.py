@@ -114,6 +114,24 @@ def _replays(run: dict) -> str:
     )
 
 
+def _result_lines(w, eq: dict | None, runs: dict) -> None:
+    """The result bullets: which runs gave the same tokens (``eq``; None: no line), then
+    each run's requests served, padded replays and damage."""
+    if eq is not None:
+        w(
+            "- Token for token: "
+            + ", ".join(f"({k[0]}) {'==' if v else '!='} ({k[3]})" for k, v in sorted(eq.items()))
+            + "."
+        )
+    for label, run in runs.items():
+        pad = run.get("padding", {})
+        w(
+            f"- ({label}) {run['what']}: {_served(run)} requests served, "
+            f"{pad.get('replays_with_padded_rows', 0)} of {pad.get('replays', 0)} recorded decode "
+            f"replays with padded rows; damage: {_damage(run)}."
+        )
+
+
 def _served(run: dict) -> str:
     cmp = run.get("compare_to_b", {})
     return f"{cmp.get('served', 0)} / {cmp.get('requests', 0)}"
@@ -251,19 +269,7 @@ def section(rel: str, title: str, doc: dict) -> list[str]:
     w("")
     w("### Result")
     w("")
-    eq = doc.get("equal", {})
-    w(
-        "- Token for token: "
-        + ", ".join(f"({k[0]}) {'==' if v else '!='} ({k[3]})" for k, v in sorted(eq.items()))
-        + "."
-    )
-    for label, run in runs.items():
-        pad = run.get("padding", {})
-        w(
-            f"- ({label}) {run['what']}: {_served(run)} requests served, "
-            f"{pad.get('replays_with_padded_rows', 0)} of {pad.get('replays', 0)} recorded decode "
-            f"replays with padded rows; damage: {_damage(run)}."
-        )
+    _result_lines(w, doc.get("equal", {}), runs)
     configs = _topk_configs(doc)
     cfg = configs[0] if configs else {}
     same = all(c == cfg for c in configs)
@@ -665,20 +671,7 @@ def guard_section(rel: str, title: str, doc: dict) -> list[str]:
         f"({doc.get('reference', '?')})."
     )
     w("")
-    eq = doc.get("equal", {})
-    if eq:
-        w(
-            "- Token for token: "
-            + ", ".join(f"({k[0]}) {'==' if v else '!='} ({k[3]})" for k, v in sorted(eq.items()))
-            + "."
-        )
-    for label, run in runs.items():
-        pad = run.get("padding", {})
-        w(
-            f"- ({label}) {run['what']}: {_served(run)} requests served, "
-            f"{pad.get('replays_with_padded_rows', 0)} of {pad.get('replays', 0)} recorded decode "
-            f"replays with padded rows; damage: {_damage(run)}."
-        )
+    _result_lines(w, doc.get("equal") or None, runs)
     w("")
     w("| run | served | same tokens as the reference | damage | aiter `fused_moe` calls "
       "(stand-in) | the guard's counters | the plugin's log lines |")  # fmt: skip
