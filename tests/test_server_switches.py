@@ -37,7 +37,26 @@ M, N, K, E = 8, 5, 4, 16
 # DeepSeek-V3's routing (DeepseekV2MoE's TopK with the shared expert fused).
 DS_M, DS_N, DS_K, DS_E = 12, 5, 8, 256
 
-PROBE = """
+# In each probe script: the release's ServerArgs defaults set for the scheduler (field by
+# field: ServerArgs.__post_init__ would look for a model), then the real load_plugins()
+# where the run asks for the plugin.
+SERVER_ARGS_AND_PLUGINS = """\
+args = object.__new__(ServerArgs)
+for f in dataclasses.fields(ServerArgs):
+    if f.default is not dataclasses.MISSING:
+        setattr(args, f.name, f.default)
+    elif f.default_factory is not dataclasses.MISSING:
+        setattr(args, f.name, f.default_factory())
+    else:
+        setattr(args, f.name, None)
+set_global_server_args_for_scheduler(args)
+if os.environ.get("PROBE_PLUGIN") == "1":
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+"""
+
+PROBE = (
+    """
 import dataclasses, itertools, json, os, sys, warnings
 warnings.simplefilter("ignore")
 import torch, torch._dynamo
@@ -52,18 +71,9 @@ init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
 initialize_model_parallel(1)
 # TopK reads the server's arguments when a shared expert is fused: the release's defaults
 # (set field by field: ServerArgs.__post_init__ would look for a model).
-args = object.__new__(ServerArgs)
-for f in dataclasses.fields(ServerArgs):
-    if f.default is not dataclasses.MISSING:
-        setattr(args, f.name, f.default)
-    elif f.default_factory is not dataclasses.MISSING:
-        setattr(args, f.name, f.default_factory())
-    else:
-        setattr(args, f.name, None)
-set_global_server_args_for_scheduler(args)
-if os.environ.get("PROBE_PLUGIN") == "1":
-    from sglang.srt.plugins import load_plugins
-    load_plugins()
+"""
+    + SERVER_ARGS_AND_PLUGINS
+    + """\
 
 
 def run(shape, M, N, K, E):
@@ -99,6 +109,7 @@ def run(shape, M, N, K, E):
 
 json.dump({s[0]: run(*s) for s in json.loads(sys.argv[2])}, open(sys.argv[1], "w"))
 """
+)
 
 
 #: (shape, rows, real rows, top-k, routed experts) of each probe, in the order one
@@ -282,7 +293,8 @@ def test_deepseek_config_fits_sglangs_triton_mla_decode_kernel(tmp_path: Path) -
     assert "incompatible dimensions at index 1: 128 and 256" in result["earlier"]["error"]
 
 
-AITER_PROBE = """
+AITER_PROBE = (
+    """
 import dataclasses, json, os, sys, warnings
 warnings.simplefilter("ignore")
 import torch
@@ -290,18 +302,9 @@ import sitecustomize as sc
 import sglang.srt.layers.quantization.unquant as uq
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-args = object.__new__(ServerArgs)
-for f in dataclasses.fields(ServerArgs):
-    if f.default is not dataclasses.MISSING:
-        setattr(args, f.name, f.default)
-    elif f.default_factory is not dataclasses.MISSING:
-        setattr(args, f.name, f.default_factory())
-    else:
-        setattr(args, f.name, None)
-set_global_server_args_for_scheduler(args)
-if os.environ.get("PROBE_PLUGIN") == "1":
-    from sglang.srt.plugins import load_plugins
-    load_plugins()
+"""
+    + SERVER_ARGS_AND_PLUGINS
+    + """\
 from sglang.srt.layers.moe.moe_runner.aiter import AiterMoeQuantInfo
 from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
 from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
@@ -344,6 +347,7 @@ stats = sys.modules.get("sglang_amd_moe.runtime.stats")
 out["stats"] = stats.counts() if stats is not None else None
 json.dump(out, open(sys.argv[1], "w"))
 """
+)
 
 
 @pytest.mark.sglang
