@@ -226,6 +226,10 @@ def _launch_mask(
         )
 
 
+# ``stats`` has no default on purpose: torch 2.10 and 2.11 drop an argument that equals its
+# default before bumping the version of each mutated argument, and then fail with
+# IndexError on a mutated ``Tensor?`` passed as None (under torch.compile, or any call
+# through the op). Without a default every caller passes it and nothing is dropped.
 @torch.library.custom_op(
     "sglang_amd_moe::mask_padded_rows", mutates_args=("topk_ids", "topk_weights", "stats")
 )
@@ -234,7 +238,7 @@ def _mask_padded_rows_op(
     topk_weights: torch.Tensor,
     num_token_non_padded: torch.Tensor,
     fill_value: int,
-    stats: torch.Tensor | None = None,
+    stats: torch.Tensor | None,
 ) -> None:
     # Under torch.compile the caller's checks ran on fake tensors, which have no memory:
     # check the overlap here, on the real ones.
@@ -252,7 +256,7 @@ def _mask_padded_rows_fake(
     topk_weights: torch.Tensor,
     num_token_non_padded: torch.Tensor,
     fill_value: int,
-    stats: torch.Tensor | None = None,
+    stats: torch.Tensor | None,
 ) -> None:
     return None
 

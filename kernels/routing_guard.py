@@ -247,13 +247,17 @@ def _launch_guard(
     return out_ids, out_w
 
 
+# ``stats`` has no default on purpose: torch 2.10 and 2.11 drop an argument that equals its
+# default before bumping the version of each mutated argument, and then fail with
+# IndexError on a mutated ``Tensor?`` passed as None (under torch.compile, or any call
+# through the op). Without a default every caller passes it and nothing is dropped.
 @torch.library.custom_op("sglang_amd_moe::guard_routing", mutates_args=("stats",))
 def _guard_routing_op(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     num_experts: int,
     num_local_tokens: torch.Tensor | None,
-    stats: torch.Tensor | None = None,
+    stats: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _launch_guard(topk_ids, topk_weights, num_experts, num_local_tokens, stats)
 
@@ -264,7 +268,7 @@ def _guard_routing_fake(
     topk_weights: torch.Tensor,
     num_experts: int,
     num_local_tokens: torch.Tensor | None,
-    stats: torch.Tensor | None = None,
+    stats: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = topk_ids.shape
     return (

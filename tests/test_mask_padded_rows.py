@@ -235,7 +235,9 @@ def test_inside_torch_compile() -> None:
 
 def test_custom_op_registration() -> None:
     ids, w = _inputs(10, 4, torch.int32, torch.float32)
-    torch.library.opcheck(torch.ops.sglang_amd_moe.mask_padded_rows.default, (ids, w, _count(6), 0))
+    torch.library.opcheck(
+        torch.ops.sglang_amd_moe.mask_padded_rows.default, (ids, w, _count(6), 0, None)
+    )
 
 
 # ----------------------------------------------------------------------- bad inputs

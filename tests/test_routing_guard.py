@@ -299,8 +299,8 @@ def test_custom_op_registration() -> None:
     ids, _ = _routing(10, 4, torch.int32, torch.float32)
     w = torch.rand(10, 4, device=DEV)  # no NaN: opcheck compares with assert_close
     op = torch.ops.sglang_amd_moe.guard_routing.default
-    torch.library.opcheck(op, (ids, w, E, _count(6)))
-    torch.library.opcheck(op, (ids, w, E, None))
+    torch.library.opcheck(op, (ids, w, E, _count(6), None))
+    torch.library.opcheck(op, (ids, w, E, None, None))
 
 
 # ---------------------------------------------------------- the references, no host sync

@@ -21,7 +21,12 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         "GPU tests run the compiled kernels: unset TRITON_INTERPRET", allow_module_level=True
     )
 
-from sglang_amd_moe.kernels import guard_routing, mask_padded_rows_  # noqa: E402
+from sglang_amd_moe.kernels import (  # noqa: E402
+    guard_routing,
+    guard_routing_reference,
+    mask_padded_rows_,
+    mask_padded_rows_reference_,
+)
 from sglang_amd_moe.kernels.reference import (  # noqa: E402
     guard_stats_reference,
     mask_stats_reference,
@@ -99,6 +104,59 @@ def test_mask_counters_in_graph_replay(M: int, contiguous: bool) -> None:
     assert buf[:4].tolist() == expected.tolist()
     pad = torch.arange(M, device="cuda") >= count
     assert bool((ids[pad] == 0).all()) and bool((w[pad] == 0).all())
+
+
+@pytest.mark.parametrize("with_stats", [False, True])
+@pytest.mark.parametrize("with_count", [False, True])
+def test_guard_inside_torch_compile(with_stats: bool, with_count: bool) -> None:
+    """Traced by ``torch.compile`` (the custom op), with and without counters: the same
+    outputs as the reference, and the counters of every call. Without counters this
+    failed on torch 2.11 (a mutated ``Tensor?`` passed as its default None)."""
+
+    @torch.compile(fullgraph=True)
+    def route(ids, w, count, buf):
+        out_ids, out_w = guard_routing(ids, w * 2.0, E, count, buf)
+        return out_ids, out_w
+
+    buf = torch.zeros(8, dtype=torch.int64, device="cuda") if with_stats else None
+    expected = torch.zeros(4, dtype=torch.int64, device="cuda")
+    for seed, n in ((11, 0), (12, 100), (13, 256)):
+        ids, w = _garbage(256, 9, seed)
+        count = torch.tensor([n], dtype=torch.int32, device="cuda") if with_count else None
+        got_ids, got_w = route(ids, w, count, buf)
+        ref_ids, ref_w = guard_routing_reference(ids, w * 2.0, E, count)
+        expected += guard_stats_reference(ids, w * 2.0, E, count)
+        assert torch.equal(got_ids, ref_ids)
+        assert torch.equal(torch.nan_to_num(got_w, nan=7.0), torch.nan_to_num(ref_w, nan=7.0))
+    torch.cuda.synchronize()
+    if with_stats:
+        assert buf[:4].tolist() == expected.tolist() and expected[1].item() > 0
+
+
+@pytest.mark.parametrize("with_stats", [False, True])
+def test_mask_inside_torch_compile_with_and_without_counters(with_stats: bool) -> None:
+    """As the guard's: the mask traced by ``torch.compile``, in place, counted or not."""
+
+    @torch.compile(fullgraph=True)
+    def route(ids, w, count, buf):
+        ids, w = ids.clone(), w * 2.0
+        mask_padded_rows_(ids, w, count, 0, buf)
+        return ids, w
+
+    buf = torch.zeros(8, dtype=torch.int64, device="cuda") if with_stats else None
+    expected = torch.zeros(4, dtype=torch.int64, device="cuda")
+    for seed, n in ((14, 0), (15, 100), (16, 256)):
+        src_ids, src_w = _garbage(256, 8, seed)
+        count = torch.tensor([n], dtype=torch.int32, device="cuda")
+        got_ids, got_w = route(src_ids, src_w, count, buf)
+        ref_ids, ref_w = src_ids.clone(), src_w * 2.0
+        expected += mask_stats_reference(ref_ids, ref_w, count)
+        mask_padded_rows_reference_(ref_ids, ref_w, count, 0)
+        assert torch.equal(got_ids, ref_ids)
+        assert torch.equal(torch.nan_to_num(got_w, nan=7.0), torch.nan_to_num(ref_w, nan=7.0))
+    torch.cuda.synchronize()
+    if with_stats:
+        assert buf[:4].tolist() == expected.tolist() and expected[2].item() > 0
 
 
 def test_reading_the_counters_never_waits_for_the_launching_stream() -> None:
