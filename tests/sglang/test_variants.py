@@ -157,6 +157,10 @@ def test_variant(variant: Variant, variant_runs: VariantRuns) -> None:
         assert st["message"].endswith("when sglang.srt.layers.moe.topk is imported")
         return
     assert r["probe"]["behaviour"] == (exp.probe or ""), r["probe"]
+    # Each variant is a body of its own: a verdict is the ledger's or probed for it now.
+    assert "verdict read from the cache" not in st["message"], st["message"]
+    if r["plugin_probe"] is not None:
+        assert "verdict probed now in a child process" in st["message"], st["message"]
     plan = r["plan"] or {}
     if exp.state in ("live", "pending"):
         assert plan.get("remap") == exp.remap, plan

@@ -14,6 +14,14 @@ once-per-process guard are reset; then, as in a fresh server process, the real
 this CPU (the module's HIP flags set, as ``driver.py`` does) and the function is driven
 EPLB off and on, without the plugin (the unwrapped function) and with it. Importing
 topk once costs seconds; each further variant re-imports only topk itself.
+
+Where the plugin asks for a verdict (a body the ledger does not know), its child process
+is a fork of this runner (:func:`forked_child`), not a fresh interpreter: the child's code
+(``runtime/sglang/child.py``'s ``verdict``) and everything the plugin does with its answer
+are the product's, but the 5-7 s a fresh interpreter spends importing SGLang again is
+spent once per release, not once per variant. The fresh interpreter itself (its path,
+its environment, its time limit, the cache and its lock) is tested on real releases by
+``test_probe_child.py`` and ``test_hook_decisions.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import importlib
 import inspect
 import json
 import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -53,6 +63,52 @@ def reset() -> None:
         plugins._plugins_loaded = False
     os.environ.pop("SGLANG_AMD_MOE_VERIFY", None)
     os.environ["SGLANG_AMD_MOE_FORCE"] = "1"
+
+
+def forked_child(
+    request: dict[str, Any], limit: float | None = None
+) -> tuple[dict | None, str, float]:
+    """``verdict.run_child``'s contract (``(document, "", seconds)`` or ``(None, why,
+    seconds)``), with the child a fork of this process: it runs the child module's
+    ``verdict`` on ``request`` and writes the document to a pipe."""
+    from sglang_amd_moe.runtime.sglang import child, verdict
+
+    limit = verdict.timeout() if limit is None else limit
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: no return from here
+        os.close(read_fd)
+        code = 0
+        try:
+            data = json.dumps(child.verdict(request)).encode()
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, as the child does
+            data, code = f"sglang-amd-moe probe child: {type(exc).__name__}: {exc}".encode(), 3
+        with os.fdopen(write_fd, "wb") as pipe:
+            pipe.write(data)
+        os._exit(code)
+    os.close(write_fd)
+    chunks: list[bytes] = []
+    with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+        while True:
+            left = limit - (time.monotonic() - t0)
+            if left <= 0 or not select.select([pipe], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                why = f"the child process ran past its {limit:g} s limit and was killed"
+                return None, why, time.monotonic() - t0
+            chunk = pipe.read(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    seconds = time.monotonic() - t0
+    data = b"".join(chunks)
+    if status != 0:
+        return None, f"the child process exited with {status} ({data.decode()[-300:]})", seconds
+    return json.loads(data), "", seconds
 
 
 def threads_register(result: dict) -> None:
@@ -275,7 +331,10 @@ def patch_checks(base_text: str, moe_dir: Path) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
+    from sglang_amd_moe.runtime.sglang import verdict
+
     out_path, label, overlay, base_topk, *names = argv
+    verdict.run_child = forked_child
     logs = driver.collect_logs()
     base_text = Path(base_topk).read_text()
     moe_dir = Path(overlay) / "sglang" / "srt" / "layers" / "moe"
