@@ -574,7 +574,9 @@ def decode_timing(results: list[dict]) -> dict:
 # ----------------------------------------------------------------------------- analysis
 
 
-PLUGIN_LINE = re.compile(r"^PROBE (\S+) pid=(\d+) sglang_amd_moe: (.*)$", re.M)
+# Not anchored at the line's start: a line written while a progress bar is drawn (the
+# guard's, during graph capture) follows the bar on the same line.
+PLUGIN_LINE = re.compile(r"PROBE (\S+) pid=(\d+) sglang_amd_moe: (.*)$", re.M)
 HOOK_APPLIED = re.compile(
     r"^PROBE (\S+) pid=(\d+) sglang\.srt\.plugins\.hook_registry: (Applied \d+ hook\(s\) to "
     r"sglang\.srt\.layers\.moe\.topk\._post_process_topk_ids.*)$",

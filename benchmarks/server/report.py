@@ -27,8 +27,8 @@ RECORDS: tuple[tuple[str, str], ...] = (
 
 #: The guard-only records (runs f, g, h: ``--runs f,g,h``), one per model class.
 GUARD_RECORDS: tuple[tuple[str, str], ...] = (
-    ("benchmarks/results/server-guard.json", "Qwen3-MoE class (`qwen3_moe`)"),
-    ("benchmarks/results/server-guard-deepseek.json", "DeepSeek-V3 class (`deepseek_v3`)"),
+    ("benchmarks/results/server-h100-guard.json", "Qwen3-MoE class (`qwen3_moe`)"),
+    ("benchmarks/results/server-h100-guard-deepseek.json", "DeepSeek-V3 class (`deepseek_v3`)"),
 )
 
 DEVICE_COMMAND = "bash .carry-server/server/device.sh"
@@ -652,7 +652,50 @@ def guard_intro(guard: list[tuple[str, str, dict]]) -> list[str]:
         "(`SGLANG_AMD_MOE_TEST_INJECT=1`); no count reaches `TopK` or aiter."
     )
     w("")
+    w(
+        "The guard's own start-up line in (f) (in each scheduler's log) says `SGLang's MoE does "
+        "not reach it (--moe-runner-backend triton: ...)`: the plugin reads the runner backend "
+        "from the command line, every server of this harness is launched with "
+        "`--moe-runner-backend triton`, and the test switch moves the unquantized layer onto "
+        "aiter's path inside the process, which the plugin cannot see. The counters below show "
+        "the guard saw the calls. On ROCm, `SGLANG_USE_AITER=1` without `--moe-runner-backend` "
+        "reads `reaches it`."
+    )
+    w("")
     return out
+
+
+def _guard_tally(doc: dict) -> str:
+    """What the guard's counters in (f) agree with, from the same record: the ids out of
+    range that the test tooling counted in the padded rows ``TopK`` handed the MoE, and the
+    calls (the stand-in's calls from Python, plus each replay of every MoE layer)."""
+    run = doc["runs"].get("f") or {}
+    stats = (run.get("plugin_stats") or {}).get("guard")
+    counts = (run.get("topk_after_hook") or {}).get("counts") or {}
+    if not stats or not counts:
+        return ""
+    routed = (counts.get("padded_routed") or {}).get("ids_out_of_range", 0)
+    shared = (counts.get("padded_shared") or {}).get("ids_out_of_range", 0)
+    same = "the same number as" if stats["out_of_range"] == routed + shared else "against"
+    text = (
+        f"In (f) the guard counted {stats['out_of_range']} ids out of range, {same} the test "
+        f"tooling's count of out-of-range ids in the padded rows `TopK` handed the MoE "
+        f"({routed} routed, {shared} in the fused shared expert's column)"
+    )
+    layers = (doc.get("model") or {}).get("config", {}).get("num_hidden_layers")
+    replays = (run.get("padding") or {}).get("replays")
+    python_calls = run.get("aiter_calls")
+    graphs = max((len(r.get("captured_bs") or []) for r in run.get("records") or []), default=0)
+    if layers and graphs and replays is not None and python_calls is not None:
+        total = python_calls - graphs * layers + replays * layers
+        text += (
+            f"; its {stats['calls']} calls "
+            + ("are" if total == stats["calls"] else f"against {total},")
+            + f" the stand-in's {python_calls} calls made from Python, less the "
+            f"{graphs * layers} made while capturing the {graphs} graphs (a captured launch "
+            f"counts when it is replayed), plus {replays} recorded replays x {layers} MoE layers"
+        )
+    return text + "."
 
 
 def guard_section(rel: str, title: str, doc: dict) -> list[str]:
@@ -690,6 +733,10 @@ def guard_section(rel: str, title: str, doc: dict) -> list[str]:
         "with weight 0 (docs/reference.md: the counters)."
     )
     w("")
+    tally = _guard_tally(doc)
+    if tally:
+        w(tally)
+        w("")
     return out
 
 
