@@ -56,7 +56,6 @@ LONGEST_FIRST = (
     "tests/test_mxfp4_moe_sort.py",
     "tests/test_server_switches.py",
     "tests/test_audit.py",
-    "variants-",
     "release-",
     "tests/aiter/",
     "tests/sglang/test_plugin_gating.py",
