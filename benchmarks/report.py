@@ -461,6 +461,32 @@ def counters_markdown(doc: dict) -> str:
         ("guard", "plain_no_count", "stats_runtime_no_count", "guard, no count, plus host side"),
         ("mask", "plain", "stats", "mask"),
     ]
+    out += [
+        "What the counters add, over every M and topk below (with minus without, us per "
+        "call, and as a share of the call without them):",
+        "",
+        "| | CUDA-graph replay | eager |",
+        "| --- | --- | --- |",
+    ]
+    for kernel, base, counted, label in pairs:
+        cells = []
+        for mode in ("graph", "eager"):
+            added = [
+                (b - a, (b - a) / a * 100.0)
+                for (k, impl, m, topk, md), a in by.items()
+                if (k, impl, md) == (kernel, base, mode)
+                and (b := by.get((kernel, counted, m, topk, mode))) is not None
+                and a > 0
+            ]
+            if not added:
+                cells.append("")
+                continue
+            us, pct = [x for x, _ in added], [y for _, y in added]
+            cells.append(
+                f"{min(us):+.2f} to {max(us):+.2f} us ({min(pct):+.0f}% to {max(pct):+.0f}%)"
+            )
+        out.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    out.append("")
     for topk in sorted({r["topk"] for r in rows}):
         for mode in ("graph", "eager"):
             out.append(f"topk {topk}, {'CUDA-graph replay' if mode == 'graph' else 'eager'}:")
@@ -515,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--stats-cost",
         type=Path,
-        default=HERE / "results" / "stats-cost.json",
+        default=HERE / "results" / "h100-stats-cost.json",
         help="benchmarks/stats_cost.py's JSON, if it exists: the counters' section",
     )
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")

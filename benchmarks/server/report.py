@@ -737,6 +737,14 @@ def guard_section(rel: str, title: str, doc: dict) -> list[str]:
     if tally:
         w(tally)
         w("")
+    if doc.get("reparsed"):
+        r = doc["reparsed"]
+        w(
+            f"The log lines column was re-read from the committed server logs by `{r['by']}` "
+            f"({', '.join(f'`{x}`' for x in r['fields'])}): {r['why']}. "
+            "Every other field is as the harness wrote it on the GPU machine."
+        )
+        w("")
     return out
 
 
