@@ -20,7 +20,10 @@ captured CUDA/HIP graph adds on every replay). The slots:
 The mask has no expert count, so its ``out_of_range`` stays 0.
 
 The process logs one line per target (``sglang-amd-moe stats: target=guard calls=...``)
-at most once a minute while its counts grow, and once at exit. Reading never blocks the
+while its counts grow: the first about 5 s after counting starts, then after gaps that
+double (10, 20, 40 s) up to one a minute, and once at exit. The early lines are there
+because a short run may never write the exit line (SGLang's launcher kills its scheduler
+processes at shutdown, so their exit handlers do not run). Reading never blocks the
 stream that launches the kernels: the counters are copied on a side stream into pinned
 memory, and the line is written by a later call once that copy's event has completed
 (eager calls only; a call being captured into a graph starts nothing). At exit the copy
@@ -42,8 +45,11 @@ logger = logging.getLogger("sglang_amd_moe")
 
 TARGETS = ("guard", "mask")
 SLOTS = ("calls", "out_of_range", "past_count", "real_out_of_range")
-#: Seconds between two lines of one process while its counts grow.
+#: Seconds between two lines of one process while its counts grow, at most.
 INTERVAL_S = 60.0
+#: Seconds from the first count to the first line; each later gap is twice the one before,
+#: up to INTERVAL_S.
+FIRST_S = 5.0
 _SIZE = 8  # elements per buffer: the four slots, and room (64 bytes: one aligned block)
 
 _LOCK = threading.Lock()
@@ -51,6 +57,7 @@ _BUFFERS: dict[tuple[str, Any], Any] = {}  # (target, torch.device) -> int64 ten
 _ENABLED: list[bool] = []  # cached SGLANG_AMD_MOE_STATS decision
 _STATE: dict[str, Any] = {
     "next_due": 0.0,
+    "gap": FIRST_S,  # seconds from the copy started last to the next one
     "pending": None,  # (event or None, [(target, device, pinned copy)]) of a copy in flight
     "logged": {},  # target -> counts of its last line
     "warned": False,
@@ -87,8 +94,9 @@ def buffer(target: str, device: Any) -> Any:
                 _PINNED[(target, device)] = torch.empty(_SIZE, dtype=torch.int64, pin_memory=True)
                 if device not in _SIDE:
                     _SIDE[device] = torch.cuda.Stream(device=device)
-            if not _BUFFERS:  # the first line a minute after counting starts
-                _STATE["next_due"] = time.monotonic() + INTERVAL_S
+            if not _BUFFERS:  # the first line a few seconds after counting starts
+                _STATE["gap"] = min(FIRST_S, INTERVAL_S)
+                _STATE["next_due"] = time.monotonic() + _STATE["gap"]
             _BUFFERS[(target, device)] = buf
             if not _STATE["atexit"]:
                 _STATE["atexit"] = True
@@ -98,8 +106,8 @@ def buffer(target: str, device: Any) -> Any:
 
 
 def tick() -> None:
-    """After an eager call: write the line of a finished copy, or start a copy when a
-    minute has passed since the last one. Never waits for the device."""
+    """After an eager call: write the line of a finished copy, or start a copy when its
+    gap since the last one has passed. Never waits for the device."""
     if not _BUFFERS or (_COMPILING[0] is not None and _COMPILING[0]()):
         return  # nothing counted yet, or traced by torch.compile: nothing to read
     pending = _STATE["pending"]
@@ -126,7 +134,8 @@ def _tick(pending: Any) -> None:
         _STATE["pending"] = None
         _emit(_sum(copies), final=False)
         return
-    _STATE["next_due"] = time.monotonic() + INTERVAL_S
+    _STATE["gap"] = min(2 * _STATE["gap"], INTERVAL_S)
+    _STATE["next_due"] = time.monotonic() + _STATE["gap"]
     _STATE["pending"] = _start_copy()
 
 
@@ -265,7 +274,7 @@ def reset() -> None:
         _BUFFERS.clear()
         _PINNED.clear()
         _ENABLED.clear()
-        _STATE.update(next_due=0.0, pending=None, logged={}, warned=False)
+        _STATE.update(next_due=0.0, gap=FIRST_S, pending=None, logged={}, warned=False)
 
 
 def audit_view() -> dict[str, Any]:
