@@ -85,6 +85,9 @@ class Tree:
 
     def __init__(self, read: Callable[[str], str | None], where: str) -> None:
         self._read, self.where, self._cache = read, where, {}
+        # Parsed once per file: the readers walk the large model files several times.
+        # The trees are only read, never changed.
+        self._trees: dict[str, ast.Module | None] = {}
 
     def text(self, rel: str) -> str | None:
         if rel not in self._cache:
@@ -95,11 +98,13 @@ class Tree:
         return self._cache[rel]
 
     def tree(self, rel: str) -> ast.Module | None:
-        text = self.text(rel)
-        try:
-            return ast.parse(text) if text is not None else None
-        except SyntaxError:
-            return None
+        if rel not in self._trees:
+            text = self.text(rel)
+            try:
+                self._trees[rel] = ast.parse(text) if text is not None else None
+            except SyntaxError:
+                self._trees[rel] = None
+        return self._trees[rel]
 
 
 def dir_tree(root: Path) -> Tree:
@@ -317,11 +322,15 @@ def _zeroing(tree: Tree) -> dict[str, str]:
     file calls ``_mask_dp_pad_rows``, or imports a module whose code calls it."""
     callers: dict[str, str] = {}  # module (dotted) -> call site
     for rel in _model_files(tree):
+        if "_mask_dp_pad_rows" not in (tree.text(rel) or ""):
+            continue  # no call by that name: the file need not be walked
         mod = tree.tree(rel)
         for n in ast.walk(mod) if mod is not None else ():
             if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "_mask_dp_pad_rows":
                 callers.setdefault(rel, _at(rel, n))
-    out = {}
+    out: dict[str, str] = {}
+    if not callers:
+        return out
     for fam, (_, rel) in FAMILIES.items():
         if rel in callers:
             out[fam] = callers[rel]
@@ -344,6 +353,8 @@ def _model_files(tree: Tree) -> list[str]:
     shared DeepSeek modules it imports (read by name; a package listing is not needed)."""
     files = [rel for _, rel in FAMILIES.values()]
     for _, rel in FAMILIES.values():
+        if "sglang.srt.models." not in (tree.text(rel) or ""):
+            continue  # imports no model module
         mod = tree.tree(rel)
         for n in ast.walk(mod) if mod is not None else ():
             if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sglang.srt.models."):
