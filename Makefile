@@ -52,10 +52,12 @@ demo:
 
 # Per-release SGLang environments layered on .venv (share its torch): the CI subset
 # covers one release of each form (`make compat` builds and runs them all). They and the
-# server layer only read .venv, so they are built side by side. The suite runs on every
-# core, up to 4 (pytest-xdist; tests/conftest.py keeps the tests that share a fixture on
-# one worker).
-PYTEST_WORKERS := -n auto --maxprocesses=4 --durations=15
+# server layer only read .venv, so they are built side by side. The suite runs one worker
+# more than there are cores, up to 4 (pytest-xdist; tests/conftest.py keeps the tests that
+# share a fixture on one worker): a worker often waits on the interpreters its tests start,
+# and on 2 cores three workers ran the suite in 499 s where two took 588-612 s.
+WORKERS := $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
+PYTEST_WORKERS := -n $(WORKERS) --durations=15
 # The release environments run this package's wheel, built from the working tree and
 # installed by releases.py install-wheel (tests/conftest.py repeats it, a no-op when nothing
 # changed); tests/installed/ is the installed-wheel stage: the wheel in environments that
